@@ -1,0 +1,23 @@
+"""Installs tfp_autobatch, the recursive NUTS kernel and their tools."""
+import setuptools
+
+setuptools.setup(
+    name="tfp_autobatch",
+    version="0.1.0",
+    description=("Program-counter autobatching of recursive, control-heavy "
+                 "TensorFlow programs, and a batched recursive NUTS kernel."),
+    packages=setuptools.find_packages(include=["tfp_autobatch*", "nuts*", "benchmarks*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow-cpu==2.21.*",
+        "tensorflow-probability==0.25.*",
+        "tf-keras==2.21.*",
+        "numpy>=1.26",
+        "absl-py>=2.0",
+        "gast>=0.5",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100"],
+        "bench": ["matplotlib>=3.8", "tqdm>=4.66"],
+    },
+)

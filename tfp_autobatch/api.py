@@ -1,0 +1,155 @@
+"""The public API: `@batch`, `@batched_primitive` and batched functions."""
+import contextvars
+import functools
+
+import tensorflow as tf
+
+from tfp_autobatch import backends
+from tfp_autobatch import config
+from tfp_autobatch import errors
+from tfp_autobatch import pipeline
+from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.runtime import reference
+from tfp_autobatch.runtime import vectorize
+
+DEFAULT_MAX_STACK_DEPTH = 64
+
+# True while `run_unbatched` runs plain Python: nested batched calls then run
+# their Python function directly too.
+_UNBATCHED = contextvars.ContextVar("tfp_autobatch_unbatched", default=False)
+
+
+class BatchedFunction:
+  """A function written for one example, callable on a batch.
+
+  Call it with batches (tensors, arrays, or tuples/namedtuples of them, whose
+  leading dimension is the batch); it returns what calling the Python
+  function on each example and stacking the results would.
+  """
+
+  def __init__(self, python_function, max_stack_depth=DEFAULT_MAX_STACK_DEPTH,
+               backend=None):
+    if not callable(python_function):
+      raise TypeError(f"@tab.batch needs a function, got {python_function!r}")
+    if backend is not None:
+      backends.check_name(backend)
+    if int(max_stack_depth) < 1:
+      raise ValueError(f"max_stack_depth must be >= 1, got {max_stack_depth}")
+    self.python_function = python_function
+    self.max_stack_depth = int(max_stack_depth)
+    self.backend = backend
+    self.last_stats = None
+    self._last_types = None
+    functools.update_wrapper(self, python_function)
+
+  def __repr__(self):
+    return f"<tab.batch {self.python_function.__qualname__}>"
+
+  def __call__(self, *args, backend=None):
+    if _UNBATCHED.get():
+      return self.python_function(*args)
+    name = backends.check_name(backend or self.backend
+                               or config.current_default_backend())
+    args, arg_types, batch_size = _prepare(self, args)
+    if name in backends.EAGER_ONLY and not tf.executing_eagerly():
+      raise errors.AutobatchError(
+          f"backend {name!r} runs its control flow eagerly in Python and "
+          "cannot run inside tf.function; use 'pc:graph' or 'pc:xla' there")
+    runtime = pipeline.runtime(self, arg_types, name)
+    self._last_types = arg_types
+    result = runtime.run(args, batch_size)
+    self.last_stats = runtime.stats
+    return result
+
+  def ir(self, level=1):
+    """The program as IR-1 (typed for the last call's inputs, if any)."""
+    if level != 1:
+      raise ValueError(f"IR level {level} is not available; levels: 1")
+    if self._last_types is not None:
+      return pipeline.typed_program(self, self._last_types)
+    return pipeline.convert_program(self)
+
+  def reference(self, *args):
+    """Runs the reference interpreter on each example; stacks the results."""
+    args, arg_types, batch_size = _prepare(self, args)
+    program = pipeline.typed_program(self, arg_types)
+    results = []
+    for i in range(batch_size):
+      example = [tf.nest.map_structure(lambda x: x[i], a) for a in args]  # pylint: disable=cell-var-from-loop
+      results.append(reference.run_example(program, example,
+                                           self.max_stack_depth))
+    result_type = program.var_type(program.entry.name, program.entry.result)
+    if not results:
+      return types_lib.zeros(result_type, 0)
+    return tf.nest.map_structure(lambda *xs: tf.stack(xs), *results)
+
+  def run_unbatched(self, *args):
+    """Runs the plain Python function on ONE example, eagerly."""
+    token = _UNBATCHED.set(True)
+    try:
+      return self.python_function(*args)
+    finally:
+      _UNBATCHED.reset(token)
+
+
+def _prepare(fn, args):
+  """Converts arguments to tensors; returns (args, per-example types, size)."""
+  if not args:
+    raise TypeError(f"{fn!r} needs at least one batch argument")
+  converted = []
+  for i, a in enumerate(args):
+    if isinstance(a, (bool, int, float)):
+      raise TypeError(
+          f"argument {i} of {fn!r} is the Python scalar {a!r}; every positional "
+          "argument is a batch with a leading batch dimension. Capture values "
+          "shared by all examples in a closure instead.")
+    converted.append(tf.nest.map_structure(tf.convert_to_tensor, a))
+  sizes = {x.shape[0] if x.shape.rank else "scalar"
+           for x in tf.nest.flatten(converted)}
+  if "scalar" in sizes:
+    raise ValueError(f"every argument leaf of {fn!r} needs a leading batch "
+                     "dimension; got a scalar tensor")
+  if len(sizes) != 1:
+    raise ValueError(f"arguments of {fn!r} have different batch sizes {sizes}")
+  size = sizes.pop()
+  arg_types = [types_lib.type_of_value(a, batched=True) for a in converted]
+  return converted, arg_types, (None if size is None else int(size))
+
+
+class BatchedPrimitive:
+  """A function that already maps over the leading (batch) dimension.
+
+  Called from a batched function, it runs once on the batch of active
+  members instead of being vectorised again. Call it directly in the body of
+  the `@tab.batch` function (not from inside a helper).
+  """
+
+  def __init__(self, fn):
+    self.fn = fn
+    functools.update_wrapper(self, fn)
+
+  def __call__(self, *args):
+    if vectorize.inside_vectorized_code.get():
+      raise errors.ConversionError(
+          f"batched primitive {self.fn.__name__} was called from single-"
+          "example code (a helper function or lambda); call it directly in "
+          "the body of the @tab.batch function, as `y = "
+          f"{self.fn.__name__}(x)`.")
+    return self.fn(*args)
+
+  def as_primitive_fn(self):
+    return lambda *args: (self.fn(*args),)
+
+
+def batch(fn=None, *, max_stack_depth=DEFAULT_MAX_STACK_DEPTH, backend=None):
+  """Decorator: `@tab.batch` or `@tab.batch(max_stack_depth=..., backend=...)`."""
+  if fn is None:
+    return lambda f: BatchedFunction(f, max_stack_depth, backend)
+  return BatchedFunction(fn, max_stack_depth, backend)
+
+
+def batched_primitive(fn):
+  """Decorator marking a function that maps over the batch dimension itself."""
+  return BatchedPrimitive(fn)
+
+

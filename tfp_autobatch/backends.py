@@ -1,0 +1,37 @@
+"""The backends, named `strategy:execution`, and how to build their runtimes.
+
+A strategy (local static, program counter) is written once; an execution mode
+(eager, graph, XLA) is the `vectorize.KernelCache` or VM it is given. Adding a
+backend is adding a line to `_FACTORIES`.
+"""
+from tfp_autobatch import errors
+from tfp_autobatch.runtime import local_static
+from tfp_autobatch.runtime import vectorize
+
+
+def _local(jit_compile):
+  def make(program, max_stack_depth):
+    return local_static.LocalStaticRuntime(
+        program, vectorize.KernelCache(jit_compile=jit_compile),
+        max_stack_depth, strategy="gather", bucket=jit_compile)
+  return make
+
+
+_FACTORIES = {
+    "local:eager": _local(jit_compile=False),
+    "local:eager_xla": _local(jit_compile=True),
+}
+
+BACKENDS = tuple(_FACTORIES)
+EAGER_ONLY = ("local:eager", "local:eager_xla")
+
+
+def check_name(name):
+  if name not in _FACTORIES:
+    raise errors.UnknownBackendError(
+        f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+  return name
+
+
+def make_runtime(name, program, max_stack_depth):
+  return _FACTORIES[check_name(name)](program, max_stack_depth)

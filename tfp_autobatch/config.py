@@ -1,0 +1,26 @@
+"""Modes: the default backend, as a context variable."""
+import contextlib
+import contextvars
+
+_DEFAULT_BACKEND = contextvars.ContextVar("tfp_autobatch_default_backend",
+                                          default="local:eager_xla")
+
+
+def current_default_backend():
+  return _DEFAULT_BACKEND.get()
+
+
+@contextlib.contextmanager
+def default_backend(name):
+  """Use backend `name` for batched calls in this scope that name none.
+
+      with tab.default_backend("local:eager"):
+        fib(x)
+  """
+  from tfp_autobatch import backends
+  backends.check_name(name)
+  token = _DEFAULT_BACKEND.set(name)
+  try:
+    yield name
+  finally:
+    _DEFAULT_BACKEND.reset(token)

@@ -1,0 +1,1 @@
+"""Python source -> IR-1."""

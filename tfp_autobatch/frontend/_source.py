@@ -1,0 +1,50 @@
+"""Reading the Python source of a user's function.
+
+The one place that touches `inspect`/`ast` parsing of user code, so that the
+converter sees a `FunctionDef` whose line numbers are the user's file lines.
+(We parse with the standard `ast` module: no private TensorFlow import is
+needed for the frontend.)
+"""
+import ast
+import inspect
+import textwrap
+
+from tfp_autobatch import errors
+
+
+def parse_function(py_fn):
+  """Returns (FunctionDef node, filename) for a Python function."""
+  name = getattr(py_fn, "__name__", repr(py_fn))
+  try:
+    filename = inspect.getsourcefile(py_fn) or "<unknown>"
+    lines, first_line = inspect.getsourcelines(py_fn)
+  except (OSError, TypeError) as e:
+    raise errors.ConversionError(
+        f"cannot read the source code ({e}); define the function in a .py "
+        "file or notebook cell, not with exec/eval.", function=name) from None
+  source = textwrap.dedent("".join(lines))
+  tree = ast.parse(source)
+  ast.increment_lineno(tree, first_line - 1)
+  node = tree.body[0]
+  if isinstance(node, ast.AsyncFunctionDef):
+    raise errors.ConversionError(
+        "async functions cannot be batched; write a plain `def`.",
+        function=name, filename=filename, lineno=node.lineno,
+        construct="async def")
+  if not isinstance(node, ast.FunctionDef):
+    raise errors.ConversionError(
+        "only functions defined with `def` can be batched (not lambdas).",
+        function=name, filename=filename, lineno=first_line,
+        construct=type(node).__name__)
+  return node, filename
+
+
+def closure_values(py_fn):
+  """The values of the function's closure cells, by name (empty cells left out)."""
+  values = {}
+  for var, cell in zip(py_fn.__code__.co_freevars, py_fn.__closure__ or ()):
+    try:
+      values[var] = cell.cell_contents
+    except ValueError:
+      pass
+  return values

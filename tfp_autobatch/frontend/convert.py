@@ -1,0 +1,551 @@
+"""Converts the Python source of one batched function into an IR-1 `Function`.
+
+Statements are lowered into basic blocks. Straight-line statements become
+`Primitive`s (consecutive ones are grouped into one, compiled once); calls of
+other `@tab.batch` functions are hoisted out of expressions into `Call`s;
+`if`/`while`/`for range`/`break`/`continue`/`return`, conditional expressions
+and `and`/`or` become `Jump`/`Branch`/`Return` terminators. Anything we cannot
+batch raises `ConversionError` naming the line and saying what to write.
+"""
+import ast
+import builtins
+import itertools
+
+import tensorflow as tf
+
+from tfp_autobatch import errors
+from tfp_autobatch.frontend import _source
+from tfp_autobatch.frontend import pyops
+from tfp_autobatch.ir import ir1
+
+OPS = "__tab_ops__"   # name of the `pyops` module inside generated code
+
+_REJECTED = {
+    ast.Try: ("try/except", "check values with tf.where or tf.debugging instead"),
+    ast.With: ("with", "move the `with` block outside the batched function"),
+    ast.AsyncWith: ("async with", "write synchronous code"),
+    ast.AsyncFor: ("async for", "write synchronous code"),
+    ast.Global: ("global", "pass the value as an argument or capture it by closure"),
+    ast.Nonlocal: ("nonlocal", "return the new value instead of assigning it"),
+    ast.Yield: ("yield", "return a value; generators cannot be batched"),
+    ast.YieldFrom: ("yield from", "return a value; generators cannot be batched"),
+    ast.Await: ("await", "write synchronous code"),
+    ast.FunctionDef: ("nested def", "define helper functions at module level"),
+    ast.AsyncFunctionDef: ("nested async def", "define helpers at module level"),
+    ast.ClassDef: ("class definition", "define classes at module level"),
+    ast.Delete: ("del", "just stop using the variable"),
+    ast.Raise: ("raise", "use tf.debugging assertions outside the batched function"),
+    ast.Assert: ("assert", "check inputs before calling the batched function"),
+    ast.Import: ("import", "import at module level"),
+    ast.ImportFrom: ("import", "import at module level"),
+    ast.Match: ("match", "use if/elif/else"),
+    ast.NamedExpr: ("the walrus operator :=", "assign in a statement of its own"),
+}
+if hasattr(ast, "TryStar"):
+  _REJECTED[ast.TryStar] = _REJECTED[ast.Try]
+
+
+class _Scope:
+  """Names bound in a lambda or comprehension inside an expression."""
+
+  @staticmethod
+  def bound_names(node):
+    names = set()
+    if isinstance(node, ast.Lambda):
+      a = node.args
+      for arg in a.posonlyargs + a.args + a.kwonlyargs:
+        names.add(arg.arg)
+      for arg in (a.vararg, a.kwarg):
+        if arg is not None:
+          names.add(arg.arg)
+    else:
+      for gen in node.generators:
+        names |= {n.id for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
+    return names
+
+
+def _read_names(node, bound=frozenset()):
+  """Names read by an expression, outside lambda/comprehension scopes."""
+  if isinstance(node, _SCOPES):
+    bound = bound | _Scope.bound_names(node)
+  if isinstance(node, ast.Name):
+    return [] if node.id in bound or not isinstance(node.ctx, ast.Load) \
+        else [node.id]
+  names = []
+  for child in ast.iter_child_nodes(node):
+    names.extend(_read_names(child, bound))
+  return names
+
+
+_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+           ast.GeneratorExp)
+
+
+def _assigned_names(stmts):
+  """Names a function body assigns, outside lambda/comprehension scopes."""
+  names, todo = set(), list(stmts)
+  while todo:
+    node = todo.pop()
+    if isinstance(node, _SCOPES):
+      continue
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+      names.add(node.id)
+    todo.extend(ast.iter_child_nodes(node))
+  return names
+
+
+def _target_names(target):
+  return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+class FunctionConverter:
+  """Builds the IR-1 function for one Python function."""
+
+  def __init__(self, py_fn, ir_name, callee_name):
+    """`callee_name(batched_function) -> str` names (and queues) a callee."""
+    self.py_fn = py_fn
+    self.ir_name = ir_name
+    self.callee_name = callee_name
+    self.node, self.filename = _source.parse_function(py_fn)
+    self.closure = _source.closure_values(py_fn)
+    self.blocks = []
+    self.label = None
+    self.ops = []
+    self.pending = []        # straight-line statements not yet a Primitive
+    self.loops = []          # (continue_label, break_label)
+    self.counter = itertools.count()
+    self.locals = set()
+    self.result = "_result"
+
+  # --- errors and name resolution -------------------------------------------
+
+  def error(self, node, construct, hint):
+    return errors.ConversionError(
+        f"{construct} is not supported here; {hint}.",
+        function=self.py_fn.__qualname__, filename=self.filename,
+        lineno=getattr(node, "lineno", self.node.lineno), construct=construct)
+
+  def resolve(self, node):
+    """The Python value an expression like `f` or `mod.f` names, or None."""
+    if isinstance(node, ast.Name):
+      if node.id in self.locals:
+        return None
+      for scope in (self.closure, self.py_fn.__globals__, vars(builtins)):
+        if node.id in scope:
+          return scope[node.id]
+      return None
+    if isinstance(node, ast.Attribute):
+      base = self.resolve(node.value)
+      return None if base is None else getattr(base, node.attr, None)
+    return None
+
+  def batched_kind(self, node):
+    """'call' for a @tab.batch function, 'primitive' for a batched primitive."""
+    from tfp_autobatch import api   # the decorators live there
+    value = self.resolve(node)
+    if isinstance(value, api.BatchedFunction):
+      return "call", value
+    if isinstance(value, api.BatchedPrimitive):
+      return "primitive", value
+    return None, value
+
+  # --- block building ---------------------------------------------------------
+
+  def fresh(self, hint):
+    name = f"_{hint}{next(self.counter)}"
+    self.locals.add(name)
+    return name
+
+  def new_label(self, hint):
+    return f"{hint}{next(self.counter)}"
+
+  def start(self, label):
+    self.label, self.ops, self.pending = label, [], []
+
+  def flush(self):
+    """Turns pending straight-line statements into one Primitive."""
+    if not self.pending:
+      return
+    stmts, self.pending = self.pending, []
+    ins, outs = [], []
+    for stmt in stmts:
+      reads = _read_names(stmt.value)
+      if isinstance(stmt, ast.AugAssign):
+        reads = _target_names(stmt.target) + reads
+      for n in reads:
+        if n in self.locals and n not in outs and n not in ins:
+          ins.append(n)
+      targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+      for t in targets:
+        for n in _target_names(t):
+          if n not in outs:
+            outs.append(n)
+    self.ops.append(ir1.Primitive(tuple(outs), self.compile(stmts, ins, outs),
+                                  tuple(ins)))
+
+  def finish(self, terminator):
+    self.flush()
+    self.blocks.append(ir1.Block(self.label, tuple(self.ops), terminator))
+    self.label = None
+
+  def compile(self, stmts, ins, outs):
+    """Compiles statements into `fn(*ins) -> tuple(outs)` in the user's scope."""
+    name = f"{self.py_fn.__name__}_L{stmts[0].lineno}"
+    ret = ast.Return(ast.Tuple([ast.Name(o, ast.Load()) for o in outs],
+                               ast.Load()))
+    inner = ast.FunctionDef(
+        name=name,
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(i) for i in ins],
+                           kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=list(stmts) + [ret], decorator_list=[], returns=None,
+        type_params=[])
+    free = sorted(self.closure)
+    outer = ast.FunctionDef(
+        name="__tab_make",
+        args=ast.arguments(posonlyargs=[],
+                           args=[ast.arg(OPS)] + [ast.arg(v) for v in free],
+                           kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=[inner, ast.Return(ast.Name(name, ast.Load()))],
+        decorator_list=[], returns=None, type_params=[])
+    module = ast.Module(body=[outer], type_ignores=[])
+    ast.fix_missing_locations(module)
+    for node in ast.walk(module):
+      if getattr(node, "lineno", None) is None and hasattr(node, "lineno"):
+        node.lineno = stmts[0].lineno
+    namespace = {}
+    exec(compile(module, self.filename, "exec"),   # pylint: disable=exec-used
+         self.py_fn.__globals__, namespace)
+    fn = namespace["__tab_make"](pyops, *[self.closure[v] for v in free])
+    source = "; ".join(ast.unparse(s) for s in stmts)
+    return ir1.Code(fn, source, self.filename, stmts[0].lineno)
+
+  def assign(self, name, value_node, like):
+    stmt = ast.Assign([ast.Name(name, ast.Store())], value_node)
+    self.pending.append(ast.copy_location(stmt, like))
+
+  # --- statements -------------------------------------------------------------
+
+  def convert(self):
+    args = self.node.args
+    if (args.vararg or args.kwarg or args.kwonlyargs or args.defaults
+        or args.posonlyargs):
+      raise self.error(self.node, "*args, **kwargs, keyword-only or default "
+                       "arguments", "take plain positional arguments, one per "
+                       "batch")
+    self.reject_unsupported()
+    params = tuple(a.arg for a in args.args)
+    self.locals = set(params) | _assigned_names(self.node.body)
+    self.locals.add(self.result)
+    self.start("entry")
+    body = self.node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(
+        body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+      body = body[1:]   # the docstring
+    self.statements(body)
+    falls_off = self.label
+    if falls_off is not None:
+      self.finish(ir1.Return())
+    blocks = _reachable(self.blocks)
+    if falls_off is not None and any(b.label == falls_off for b in blocks):
+      raise self.error(self.node.body[-1], "reaching the end of the function "
+                       "without `return`", "make every path return a value")
+    return ir1.Function(self.ir_name, params, self.result, tuple(blocks),
+                        self.filename, self.node.lineno)
+
+  def statements(self, stmts):
+    for stmt in stmts:
+      if self.label is None:      # code after return/break/continue
+        self.start(self.new_label("dead"))
+      self.statement(stmt)
+
+  def reject_unsupported(self):
+    for stmt in self.node.body:
+      for node in ast.walk(stmt):
+        if type(node) in _REJECTED:
+          construct, hint = _REJECTED[type(node)]
+          raise self.error(node, construct, hint)
+
+  def statement(self, s):
+    match s:
+      case ast.Assign(targets=targets, value=value):
+        for t in targets:
+          self.check_target(t)
+        self.pending.append(ast.copy_location(
+            ast.Assign(targets, self.expression(value)), s))
+      case ast.AugAssign(target=target, op=op, value=value):
+        self.check_target(target)
+        self.pending.append(ast.copy_location(
+            ast.AugAssign(target, op, self.expression(value)), s))
+      case ast.AnnAssign(target=target, value=value) if value is not None:
+        self.check_target(target)
+        self.pending.append(ast.copy_location(
+            ast.Assign([target], self.expression(value)), s))
+      case ast.Pass():
+        pass
+      case ast.Expr():
+        raise self.error(s, "an expression statement (its result is thrown "
+                         "away, so it can only matter for a side effect)",
+                         "assign its result to a variable, or remove it")
+      case ast.Return(value=None):
+        raise self.error(s, "`return` without a value",
+                         "return the value computed for this example")
+      case ast.Return(value=value):
+        self.assign(self.result, self.expression(value), s)
+        self.finish(ir1.Return())
+      case ast.If():
+        self.if_statement(s)
+      case ast.While():
+        self.while_statement(s)
+      case ast.For():
+        self.for_statement(s)
+      case ast.Break() | ast.Continue():
+        if not self.loops:
+          raise self.error(s, "break/continue outside a loop", "remove it")
+        cont, brk = self.loops[-1]
+        self.finish(ir1.Jump(brk if isinstance(s, ast.Break) else cont))
+      case _:
+        raise self.error(s, type(s).__name__, "rewrite it with assignments, "
+                         "if/while/for and return")
+
+  def check_target(self, target):
+    for node in ast.walk(target):
+      if isinstance(node, (ast.Subscript, ast.Attribute)):
+        raise self.error(node, "assigning to an element or attribute "
+                         f"(`{ast.unparse(target)}`) mutates an object",
+                         "build a new value (e.g. with tf.tensor_scatter_nd_"
+                         "update) and assign it to a variable")
+      if isinstance(node, ast.Starred):
+        raise self.error(node, "starred assignment", "unpack each element "
+                         "explicitly")
+
+  def condition(self, test):
+    """Evaluates a test into a fresh bool variable; returns its name."""
+    value = self.expression(test)
+    cond = self.fresh("cond")
+    call = ast.Call(ast.Attribute(ast.Name(OPS, ast.Load()), "truthy",
+                                  ast.Load()), [value], [])
+    self.assign(cond, call, test)
+    return cond
+
+  def if_statement(self, s):
+    cond = self.condition(s.test)
+    then_label, else_label, join = (self.new_label("then"),
+                                    self.new_label("else"),
+                                    self.new_label("endif"))
+    self.finish(ir1.Branch(cond, then_label, else_label if s.orelse else join))
+    self.start(then_label)
+    self.statements(s.body)
+    if self.label is not None:
+      self.finish(ir1.Jump(join))
+    if s.orelse:
+      self.start(else_label)
+      self.statements(s.orelse)
+      if self.label is not None:
+        self.finish(ir1.Jump(join))
+    self.start(join)
+
+  def loop(self, header, cond, body_stmts, prologue=()):
+    """Emits `header: cond? body : exit`, returns with `exit` started."""
+    body, exit_label = self.new_label("body"), self.new_label("endloop")
+    self.finish(ir1.Branch(cond, body, exit_label))
+    self.start(body)
+    self.pending.extend(prologue)
+    self.loops.append((header, exit_label))
+    self.statements(body_stmts)
+    self.loops.pop()
+    if self.label is not None:
+      self.finish(ir1.Jump(header))
+    self.start(exit_label)
+
+  def while_statement(self, s):
+    if s.orelse:
+      raise self.error(s, "while ... else", "set a flag before `break` and "
+                       "test it after the loop")
+    header = self.new_label("while")
+    self.finish(ir1.Jump(header))
+    self.start(header)
+    self.loop(header, self.condition(s.test), s.body)
+
+  def for_statement(self, s):
+    if s.orelse:
+      raise self.error(s, "for ... else", "set a flag before `break` and "
+                       "test it after the loop")
+    it = s.iter
+    if not (isinstance(it, ast.Call) and not it.keywords and
+            1 <= len(it.args) <= 3 and
+            self.resolve(it.func) in (range, tf.range)):
+      raise self.error(s, "a for loop over something other than range(...) "
+                       "or tf.range(...)", "loop over range(n) and index, or "
+                       "write a while loop")
+    if not isinstance(s.target, ast.Name):
+      raise self.error(s, "a for loop target that is not a plain name",
+                       "loop over range(...) into one variable")
+    counter, stop, step = (self.fresh("i"), self.fresh("stop"),
+                           self.fresh("step"))
+    bounds = [self.expression(a) for a in it.args]
+    init = ast.Call(ast.Attribute(ast.Name(OPS, ast.Load()), "range_init",
+                                  ast.Load()), bounds, [])
+    unpack = ast.Assign([ast.Tuple([ast.Name(n, ast.Store())
+                                    for n in (counter, stop, step)],
+                                   ast.Store())], init)
+    self.pending.append(ast.copy_location(unpack, s))
+    header = self.new_label("for")
+    self.finish(ir1.Jump(header))
+    self.start(header)
+    test = ast.Call(ast.Attribute(ast.Name(OPS, ast.Load()), "range_continues",
+                                  ast.Load()),
+                    [ast.Name(n, ast.Load()) for n in (counter, stop, step)],
+                    [])
+    cond = self.fresh("cond")
+    self.assign(cond, test, s)
+    prologue = [
+        ast.copy_location(ast.Assign([ast.Name(s.target.id, ast.Store())],
+                                     ast.Name(counter, ast.Load())), s),
+        ast.copy_location(ast.AugAssign(ast.Name(counter, ast.Store()),
+                                        ast.Add(), ast.Name(step, ast.Load())),
+                          s),
+    ]
+    self.loop(header, cond, s.body, prologue)
+
+  # --- expressions ------------------------------------------------------------
+
+  def expression(self, node):
+    """Hoists batched calls and control flow out of an expression."""
+    return _ExpressionLowering(self).visit(node)
+
+
+class _ExpressionLowering(ast.NodeTransformer):
+  """Rewrites one expression, emitting ops and blocks into the converter."""
+
+  def __init__(self, converter):
+    self.c = converter
+
+  def operand(self, node):
+    """Lowers `node` and makes sure it is held in a variable."""
+    node = self.visit(node)
+    if isinstance(node, ast.Name) and node.id in self.c.locals:
+      return node.id
+    tmp = self.c.fresh("t")
+    self.c.assign(tmp, node, node if hasattr(node, "lineno") else self.c.node)
+    return tmp
+
+  def visit_Call(self, node):
+    kind, value = self.c.batched_kind(node.func)
+    if kind is None:
+      return self.generic_visit(node)
+    if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+      raise self.c.error(node, "keyword or starred arguments to a batched "
+                         "function", "pass arguments positionally")
+    ins = tuple(self.operand(a) for a in node.args)
+    out = self.c.fresh("t")
+    self.c.flush()
+    if kind == "call":
+      self.c.ops.append(ir1.Call((out,), self.c.callee_name(value), ins))
+    else:
+      code = ir1.Code(value.as_primitive_fn(), ast.unparse(node),
+                      self.c.filename, node.lineno)
+      self.c.ops.append(ir1.Primitive((out,), code, ins, batched=True))
+    return ast.copy_location(ast.Name(out, ast.Load()), node)
+
+  def visit_Name(self, node):
+    kind, _ = self.c.batched_kind(node)
+    if kind == "call":
+      raise self.c.error(node, f"using the batched function `{node.id}` as a "
+                         "value", "call it directly by name")
+    return node
+
+  def visit_Attribute(self, node):
+    kind, _ = self.c.batched_kind(node)
+    if kind == "call":
+      raise self.c.error(node, f"using the batched function "
+                         f"`{ast.unparse(node)}` as a value",
+                         "call it directly")
+    return self.generic_visit(node)
+
+  def visit_Lambda(self, node):
+    self._no_batched_calls(node, "a lambda")
+    return node
+
+  def _no_batched_calls(self, node, where):
+    for sub in ast.walk(node):
+      if isinstance(sub, ast.Call) and self.c.batched_kind(sub.func)[0]:
+        raise self.c.error(sub, f"calling a batched function inside {where}",
+                           "call it in a statement of its own")
+    return node
+
+  def visit_ListComp(self, node):
+    return self._no_batched_calls(node, "a comprehension")
+
+  visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+
+  def visit_UnaryOp(self, node):
+    node = self.generic_visit(node)
+    if isinstance(node.op, ast.Not):
+      return ast.copy_location(ast.Call(
+          ast.Attribute(ast.Name(OPS, ast.Load()), "logical_not", ast.Load()),
+          [node.operand], []), node)
+    return node
+
+  def visit_Compare(self, node):
+    node = self.generic_visit(node)
+    if len(node.ops) == 1:
+      return node
+    operands = [node.left] + node.comparators
+    pairs = [ast.Compare(a, [op], [b])
+             for a, op, b in zip(operands, node.ops, operands[1:])]
+    return ast.copy_location(ast.Call(
+        ast.Attribute(ast.Name(OPS, ast.Load()), "all_of", ast.Load()),
+        pairs, []), node)
+
+  def visit_IfExp(self, node):
+    c = self.c
+    result = c.fresh("t")
+    cond = c.condition(node.test)
+    then_label, else_label, join = (c.new_label("then"), c.new_label("else"),
+                                    c.new_label("endif"))
+    c.finish(ir1.Branch(cond, then_label, else_label))
+    for label, branch in ((then_label, node.body), (else_label, node.orelse)):
+      c.start(label)
+      c.assign(result, self.visit(branch), node)
+      c.finish(ir1.Jump(join))
+    c.start(join)
+    return ast.copy_location(ast.Name(result, ast.Load()), node)
+
+  def visit_BoolOp(self, node):
+    """`a and b`: result = a; if truthy(result): result = b (dually for or)."""
+    c = self.c
+    result = c.fresh("t")
+    join = c.new_label("endbool")
+    c.assign(result, self.visit(node.values[0]), node)
+    for value in node.values[1:]:
+      cond = c.fresh("cond")
+      c.assign(cond, ast.Call(ast.Attribute(ast.Name(OPS, ast.Load()),
+                                            "truthy", ast.Load()),
+                              [ast.Name(result, ast.Load())], []), node)
+      more = c.new_label("bool")
+      if isinstance(node.op, ast.And):
+        c.finish(ir1.Branch(cond, more, join))
+      else:
+        c.finish(ir1.Branch(cond, join, more))
+      c.start(more)
+      c.assign(result, self.visit(value), node)
+    c.finish(ir1.Jump(join))
+    c.start(join)
+    return ast.copy_location(ast.Name(result, ast.Load()), node)
+
+
+def _reachable(blocks):
+  """The blocks reachable from the first, in their original order."""
+  by_label = {b.label: b for b in blocks}
+  seen, todo = set(), [blocks[0].label]
+  while todo:
+    label = todo.pop()
+    if label in seen:
+      continue
+    seen.add(label)
+    match by_label[label].terminator:
+      case ir1.Jump(target):
+        todo.append(target)
+      case ir1.Branch(_, then_label, else_label):
+        todo.extend([then_label, else_label])
+  return [b for b in blocks if b.label in seen]

@@ -1,0 +1,155 @@
+"""IR-1: programs of functions of basic blocks (paper Fig. 2).
+
+    program    ::= function+                       (entry function first)
+    function   ::= name(params) -> result: block+  (entry block first)
+    block      ::= label: op* terminator
+    op         ::= Primitive(outs, code, ins)      single-example TF code
+                 | Primitive(outs, code, ins, batched=True)
+                                                   code that maps over the batch
+                 | Call(outs, callee, ins)         call of a batched function
+    terminator ::= Jump(label) | Branch(var, then, else) | Return()
+
+Variables are names local to their function; each holds a nest of tensors.
+A function's `result` variable holds what `Return()` returns. `types`, when
+present, maps `(function, variable)` to its per-example type (see
+`ir.types`); it is filled in by `passes.infer_types`.
+"""
+import dataclasses
+from typing import Callable, Optional
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Code:
+  """A piece of the user's straight-line code, as a callable and its text.
+
+  `fn(*ins)` returns the tuple of output values. `source` is the user's code
+  for printing; `filename`/`lineno` point at it.
+  """
+  fn: Callable
+  source: str
+  filename: str = "<unknown>"
+  lineno: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Primitive:
+  outs: tuple
+  code: Code
+  ins: tuple
+  batched: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  outs: tuple
+  callee: str
+  ins: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Jump:
+  target: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+  cond: str
+  then_label: str
+  else_label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Return:
+  pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  label: str
+  ops: tuple
+  terminator: object
+
+
+@dataclasses.dataclass(frozen=True)
+class Function:
+  name: str
+  params: tuple
+  result: str
+  blocks: tuple
+  filename: str = "<unknown>"
+  lineno: int = 0
+
+  def block(self, label):
+    for b in self.blocks:
+      if b.label == label:
+        return b
+    raise KeyError(label)
+
+  def block_index(self):
+    return {b.label: i for i, b in enumerate(self.blocks)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  functions: tuple
+  types: Optional[dict] = None
+
+  @property
+  def entry(self):
+    return self.functions[0]
+
+  def function(self, name):
+    for f in self.functions:
+      if f.name == name:
+        return f
+    raise KeyError(name)
+
+  def var_type(self, function, var):
+    return None if self.types is None else self.types.get((function, var))
+
+  def __str__(self):
+    return format_program(self)
+
+
+def format_op(op):
+  match op:
+    case Primitive(outs, code, ins, batched):
+      body = code.source.strip().replace("\n", "; ")
+      kind = "batched_primitive" if batched else "primitive"
+      return f"{', '.join(outs)} = {kind}({', '.join(ins)}) {{ {body} }}"
+    case Call(outs, callee, ins):
+      return f"{', '.join(outs)} = call {callee}({', '.join(ins)})"
+    case _:
+      from tfp_autobatch import errors
+      raise errors.IRError(f"not an IR-1 op: {op!r}")
+
+
+def format_terminator(t):
+  match t:
+    case Jump(target):
+      return f"jump {target}"
+    case Branch(cond, then_label, else_label):
+      return f"branch {cond} ? {then_label} : {else_label}"
+    case Return():
+      return "return"
+    case _:
+      from tfp_autobatch import errors
+      raise errors.IRError(f"not an IR-1 terminator: {t!r}")
+
+
+def format_program(program):
+  from tfp_autobatch.ir import types as types_lib
+  lines = []
+  for f in program.functions:
+    lines.append(f"def {f.name}({', '.join(f.params)}) -> {f.result}:")
+    for b in f.blocks:
+      lines.append(f"  {b.label}:")
+      for op in b.ops:
+        lines.append(f"    {format_op(op)}")
+      lines.append(f"    {format_terminator(b.terminator)}")
+    if program.types is not None:
+      typed = sorted((v, t) for (fn, v), t in program.types.items()
+                     if fn == f.name)
+      lines.append("  types: " + ", ".join(
+          f"{v}: {types_lib.format_type(t)}" for v, t in typed))
+  return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""Per-example types of program variables.
+
+A variable holds a nest (tuple, namedtuple, or a single leaf) of tensors; its
+type is the same nest of `TensorType`s describing ONE example (no batch
+dimension). A `weak` type comes from a Python literal (`0`, `1.5`, `True`) and
+gives way to the dtype of any strong type it is joined with, as `0.0 + x`
+would in TensorFlow.
+"""
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from tfp_autobatch import errors
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorType:
+  dtype: tf.DType
+  shape: tuple
+  weak: bool = False
+
+  def __str__(self):
+    dims = ",".join(str(d) for d in self.shape)
+    return f"{self.dtype.name}[{dims}]" + ("~" if self.weak else "")
+
+  def spec(self, batch_dim=()):
+    """A `tf.TensorSpec` for this type, with leading `batch_dim` dimensions."""
+    return tf.TensorSpec(tuple(batch_dim) + self.shape, self.dtype)
+
+
+def type_of_value(value, batched=False):
+  """The nest of TensorTypes of a value (strip the leading dim if batched)."""
+  def leaf(x):
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+      return TensorType(tf.convert_to_tensor(x).dtype, (), weak=True)
+    t = tf.convert_to_tensor(x)
+    shape = tuple(t.shape.as_list())
+    if batched:
+      shape = shape[1:]
+    if any(d is None for d in shape):
+      raise errors.TypeInferenceError(
+          f"per-example shapes must be static, got {t.shape}")
+    return TensorType(t.dtype, shape)
+  return tf.nest.map_structure(leaf, value)
+
+
+def _join_leaf(a, b, what):
+  if a == b:
+    return a
+  if a.shape == b.shape:
+    if a.weak and not b.weak and _compatible_kind(a.dtype, b.dtype):
+      return b
+    if b.weak and not a.weak and _compatible_kind(b.dtype, a.dtype):
+      return a
+    if a.weak and b.weak:
+      # int literal joined with float literal: float wins.
+      return a if a.dtype.is_floating else b
+  raise errors.TypeInferenceError(
+      f"{what} gets two different types on different paths: {a} and {b}. "
+      "Give it one dtype and shape on every path (e.g. with tf.cast).")
+
+
+def _compatible_kind(weak_dtype, strong_dtype):
+  """Can a Python literal of `weak_dtype` take `strong_dtype`?"""
+  if weak_dtype == tf.bool:
+    return strong_dtype == tf.bool
+  if weak_dtype.is_integer:
+    return strong_dtype.is_integer or strong_dtype.is_floating
+  return strong_dtype.is_floating or strong_dtype.is_complex
+
+
+def join(a, b, what="a variable"):
+  """Least upper bound of two variable types; None means 'not known yet'."""
+  if a is None:
+    return b
+  if b is None:
+    return a
+  try:
+    tf.nest.assert_same_structure(a, b, check_types=False)
+  except (ValueError, TypeError):
+    raise errors.TypeInferenceError(
+        f"{what} gets two different structures on different paths: "
+        f"{format_type(a)} and {format_type(b)}.") from None
+  return tf.nest.map_structure(lambda x, y: _join_leaf(x, y, what), a, b)
+
+
+def format_type(t):
+  if t is None:
+    return "?"
+  if isinstance(t, TensorType):
+    return str(t)
+  if isinstance(t, tuple) and hasattr(t, "_fields"):
+    inner = ", ".join(f"{k}={format_type(v)}" for k, v in zip(t._fields, t))
+    return f"{type(t).__name__}({inner})"
+  if isinstance(t, (tuple, list)):
+    return "(" + ", ".join(format_type(x) for x in t) + ")"
+  return str(t)
+
+
+def zeros(var_type, batch_size):
+  """A batch of zeros of the given variable type."""
+  return tf.nest.map_structure(
+      lambda t: tf.zeros((batch_size,) + t.shape, t.dtype), var_type)

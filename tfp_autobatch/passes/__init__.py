@@ -1,0 +1,1 @@
+"""Pure passes over IR programs, one per module; `pipeline` orders them."""

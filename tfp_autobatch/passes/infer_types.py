@@ -1,0 +1,116 @@
+"""Type inference: per-example types of every variable, from the inputs' types.
+
+A worklist-free fixpoint: sweep all functions, abstractly evaluating each
+`Primitive` by tracing its code on placeholders in a scratch graph, joining the
+types a variable gets (see `ir.types.join`), and propagating argument types
+into callees and result types out of them, until nothing changes. Recursion
+converges because a call whose callee result is not known yet contributes
+nothing until the base case has been typed.
+"""
+import tensorflow as tf
+
+from tfp_autobatch import errors
+from tfp_autobatch.ir import ir1
+from tfp_autobatch.ir import types as types_lib
+
+_MAX_SWEEPS = 100
+
+
+def infer_types(program, arg_types):
+  """Returns `program` with `types` filled in for entry args `arg_types`."""
+  env = {}
+  entry = program.entry
+  for param, t in zip(entry.params, arg_types):
+    env[(entry.name, param)] = t
+  for _ in range(_MAX_SWEEPS):
+    before = dict(env)
+    for fn in program.functions:
+      if all((fn.name, p) in env for p in fn.params):
+        _sweep_function(program, fn, env)
+    if env == before:
+      break
+  else:
+    raise errors.TypeInferenceError("type inference did not converge")
+  _check_complete(program, env)
+  return ir1.Program(program.functions, env)
+
+
+def _join_into(env, key, t):
+  fn, var = key
+  env[key] = types_lib.join(env.get(key), t,
+                            f"variable '{var}' of function '{fn}'")
+
+
+def _sweep_function(program, fn, env):
+  for block in fn.blocks:
+    for op in block.ops:
+      in_types = [env.get((fn.name, v)) for v in op.ins]
+      if any(t is None for t in in_types):
+        continue
+      match op:
+        case ir1.Primitive():
+          out_types = abstract_eval(op, in_types)
+          for var, t in zip(op.outs, out_types):
+            _join_into(env, (fn.name, var), t)
+        case ir1.Call(outs, callee, ins):
+          callee_fn = program.function(callee)
+          for param, t in zip(callee_fn.params, in_types):
+            _join_into(env, (callee, param), t)
+          result = env.get((callee, callee_fn.result))
+          if result is not None:
+            _join_into(env, (fn.name, outs[0]), result)
+        case _:
+          raise errors.IRError(f"unknown IR-1 op {op!r}")
+
+
+def _placeholder(t, batched):
+  shape = ((None,) if batched else ()) + t.shape
+  if t.weak and not batched:
+    return t.dtype.as_numpy_dtype(0).item()   # behaves like the literal
+  return tf.compat.v1.placeholder(t.dtype, shape)
+
+
+_EVAL_CACHE = {}
+
+
+def abstract_eval(op, in_types):
+  """The per-example output types of a Primitive on inputs of `in_types`."""
+  key = (op.code, op.batched, tuple(in_types))
+  if key not in _EVAL_CACHE:
+    _EVAL_CACHE[key] = _trace_types(op, in_types)
+  return _EVAL_CACHE[key]
+
+
+def _trace_types(op, in_types):
+  with tf.Graph().as_default():
+    args = [tf.nest.map_structure(lambda t: _placeholder(t, op.batched), t)
+            for t in in_types]
+    try:
+      outs = op.code.fn(*args)
+    except errors.AutobatchError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      shown = ", ".join(f"{v}: {types_lib.format_type(t)}"
+                        for v, t in zip(op.ins, in_types))
+      raise errors.TypeInferenceError(
+          f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
+          f"fails on inputs of types ({shown}): {type(e).__name__}: {e}"
+      ) from e
+    return [types_lib.type_of_value(v, batched=op.batched) for v in outs]
+
+
+def _check_complete(program, env):
+  for fn in program.functions:
+    if not all((fn.name, p) in env for p in fn.params):
+      continue   # never called with these inputs
+    if (fn.name, fn.result) not in env:
+      raise errors.TypeInferenceError(
+          f"cannot infer the result type of '{fn.name}': no path returns "
+          "without first calling itself (is there a base case?)")
+    for block in fn.blocks:
+      if isinstance(block.terminator, ir1.Branch):
+        t = env.get((fn.name, block.terminator.cond))
+        if isinstance(t, types_lib.TensorType) and t.shape != ():
+          raise errors.TypeInferenceError(
+              f"a condition in '{fn.name}' has shape {t.shape} per example; "
+              "conditions must be scalars (reduce with tf.reduce_any/all)")

@@ -1,0 +1,71 @@
+"""The compiler pipeline, in order, and the one cache of converted programs.
+
+    Python source --frontend.convert--> IR-1 (untyped, one per entry function)
+      --infer_types--> typed IR-1 (one per input signature)
+      --backend--> runtime (one per signature and backend)
+
+With TFP_AUTOBATCH_DEBUG=1 (the tests set it), `verify` runs after each pass.
+"""
+import itertools
+import os
+
+from tfp_autobatch.frontend import convert
+from tfp_autobatch.ir import ir1
+from tfp_autobatch.ir import verify as verify_lib
+from tfp_autobatch.passes import infer_types
+
+_PROGRAMS = {}     # entry BatchedFunction -> untyped IR-1 program
+_TYPED = {}        # (entry, arg types) -> typed IR-1 program
+_RUNTIMES = {}     # (entry, arg types, backend) -> runtime
+
+
+def _checked(program, after):
+  if os.environ.get("TFP_AUTOBATCH_DEBUG", "0") == "1":
+    verify_lib.verify(program, after)
+  return program
+
+
+def convert_program(entry):
+  """IR-1 for `entry` and every batched function it calls, entry first."""
+  if entry not in _PROGRAMS:
+    names, queue, taken = {}, [], set()
+
+    def name_of(bf):
+      if bf not in names:
+        base = bf.python_function.__name__
+        name = base
+        for k in itertools.count(2):
+          if name not in taken:
+            break
+          name = f"{base}_{k}"
+        taken.add(name)
+        names[bf] = name
+        queue.append(bf)
+      return names[bf]
+
+    name_of(entry)
+    functions = []
+    while len(functions) < len(queue):
+      bf = queue[len(functions)]
+      functions.append(convert.FunctionConverter(
+          bf.python_function, names[bf], name_of).convert())
+    _PROGRAMS[entry] = _checked(ir1.Program(tuple(functions)), "convert")
+  return _PROGRAMS[entry]
+
+
+def typed_program(entry, arg_types):
+  key = (entry, tuple(arg_types))
+  if key not in _TYPED:
+    program = convert_program(entry)
+    _TYPED[key] = _checked(infer_types.infer_types(program, arg_types),
+                           "infer_types")
+  return _TYPED[key]
+
+
+def runtime(entry, arg_types, backend):
+  from tfp_autobatch import backends
+  key = (entry, tuple(arg_types), backend)
+  if key not in _RUNTIMES:
+    _RUNTIMES[key] = backends.make_runtime(
+        backend, typed_program(entry, arg_types), entry.max_stack_depth)
+  return _RUNTIMES[key]

@@ -1,0 +1,1 @@
+"""Interpreters of IR programs: the reference and the batching strategies."""

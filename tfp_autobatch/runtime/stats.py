@@ -1,0 +1,41 @@
+"""Statistics of one batched run."""
+import dataclasses
+
+
+@dataclasses.dataclass
+class RunStats:
+  """What a batched call did.
+
+  steps: blocks executed (VM steps for the program-counter runtime).
+  block_executions: executions per block label ("function/label").
+  active_members: summed over executed blocks, the members that ran it.
+  batch_size: members in the call.
+  max_stack_depth: deepest recursion reached (the stack high-water mark).
+  """
+  batch_size: int = 0
+  steps: int = 0
+  block_executions: dict = dataclasses.field(default_factory=dict)
+  active_members: int = 0
+  max_stack_depth: int = 0
+
+  def record_block(self, label, members):
+    self.steps += 1
+    self.active_members += members
+    self.block_executions[label] = self.block_executions.get(label, 0) + 1
+
+  @property
+  def mean_active(self):
+    return self.active_members / self.steps if self.steps else 0.0
+
+  @property
+  def utilization(self):
+    """Mean fraction of the batch active in each executed block."""
+    if not self.steps or not self.batch_size:
+      return 0.0
+    return self.active_members / (self.steps * self.batch_size)
+
+  def __str__(self):
+    return (f"RunStats(batch_size={self.batch_size}, steps={self.steps}, "
+            f"mean_active={self.mean_active:.1f}, "
+            f"utilization={self.utilization:.3f}, "
+            f"max_stack_depth={self.max_stack_depth})")

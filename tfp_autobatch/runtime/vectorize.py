@@ -1,0 +1,104 @@
+"""Runs single-example primitives on a batch.
+
+Each `Primitive` is vectorised once per input signature: its code, written for
+one example, is traced through `tf.vectorized_map` (pfor) inside a cached
+`tf.function` whose batch dimension is unknown, optionally compiled with XLA.
+A `batched=True` primitive already maps over the batch and is called as is.
+"""
+import contextvars
+import logging
+import os
+
+import tensorflow as tf
+
+from tfp_autobatch import errors
+
+# Set while tracing single-example code, so batched primitives called from
+# inside it (hidden in a helper) can say they must be called directly.
+inside_vectorized_code = contextvars.ContextVar("inside_vectorized_code",
+                                                default=False)
+
+
+def strict_vectorization():
+  """Whether a primitive pfor cannot vectorise is an error (else a warning).
+
+  Without vectorisation pfor falls back to a sequential loop over the batch:
+  correct, but slow. The test suite sets TFP_AUTOBATCH_STRICT_PFOR=1.
+  """
+  return os.environ.get("TFP_AUTOBATCH_STRICT_PFOR", "0") == "1"
+
+
+def conform(value, var_type):
+  """Converts a primitive's output to its variable's inferred type."""
+  def leaf(t, v):
+    v = tf.convert_to_tensor(v, dtype_hint=t.dtype)
+    return v if v.dtype == t.dtype else tf.cast(v, t.dtype)
+  return tf.nest.map_structure(leaf, var_type, value)
+
+
+def _per_example(op, out_types):
+  def run(*ins):
+    token = inside_vectorized_code.set(True)
+    try:
+      outs = op.code.fn(*ins)
+    finally:
+      inside_vectorized_code.reset(token)
+    return tuple(conform(v, t) for v, t in zip(outs, out_types))
+  return run
+
+
+def batched_fn(op, out_types):
+  """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive."""
+  if op.batched:
+    def run_batched(n, *ins):
+      del n
+      outs = op.code.fn(*ins)
+      return tuple(conform(v, t) for v, t in zip(outs, out_types))
+    return run_batched
+  per_example = _per_example(op, out_types)
+  if not op.ins:
+    def run_constant(n, *ins):
+      del ins
+      outs = per_example()
+      return tf.nest.map_structure(
+          lambda x: tf.broadcast_to(x, tf.concat([[n], tf.shape(x)], 0)), outs)
+    return run_constant
+
+  def run_vectorized(n, *ins):
+    del n
+    body = lambda args: per_example(*args)  # pylint: disable=unnecessary-lambda-assignment
+    try:
+      return tf.vectorized_map(body, ins, fallback_to_while_loop=False)
+    except (ValueError, NotImplementedError, TypeError) as e:
+      if strict_vectorization():
+        raise errors.AutobatchError(
+            f"cannot vectorise `{op.code.source}` ({op.code.filename}, line "
+            f"{op.code.lineno}) over the batch: {e}") from e
+      logging.warning("tfp_autobatch: `%s` (%s:%d) falls back to a sequential "
+                      "loop over the batch: %s", op.code.source,
+                      op.code.filename, op.code.lineno, e)
+      return tf.vectorized_map(body, ins, fallback_to_while_loop=True)
+  return run_vectorized
+
+
+class KernelCache:
+  """Compiled batched primitives, one per (primitive, input types)."""
+
+  def __init__(self, jit_compile, graph=True):
+    self.jit_compile = jit_compile
+    self.graph = graph
+    self._kernels = {}
+
+  def get(self, op, in_types, out_types):
+    key = (op.code, op.batched, tuple(in_types))
+    kernel = self._kernels.get(key)
+    if kernel is None:
+      fn = batched_fn(op, out_types)
+      if self.graph or self.jit_compile:
+        signature = [tf.TensorSpec([], tf.int32)] + [
+            tf.nest.map_structure(lambda t: t.spec((None,)), t)
+            for t in in_types]
+        fn = tf.function(fn, input_signature=signature,
+                         jit_compile=self.jit_compile, autograph=False)
+      kernel = self._kernels[key] = fn
+    return kernel
