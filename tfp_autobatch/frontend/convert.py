@@ -270,16 +270,17 @@ class FunctionConverter:
       case ast.Assign(targets=targets, value=value):
         for t in targets:
           self.check_target(t)
-        self.pending.append(ast.copy_location(
-            ast.Assign(targets, self.expression(value)), s))
+        value = self.expression(value)    # may start new blocks
+        self.pending.append(ast.copy_location(ast.Assign(targets, value), s))
       case ast.AugAssign(target=target, op=op, value=value):
         self.check_target(target)
+        value = self.expression(value)
         self.pending.append(ast.copy_location(
-            ast.AugAssign(target, op, self.expression(value)), s))
+            ast.AugAssign(target, op, value), s))
       case ast.AnnAssign(target=target, value=value) if value is not None:
         self.check_target(target)
-        self.pending.append(ast.copy_location(
-            ast.Assign([target], self.expression(value)), s))
+        value = self.expression(value)
+        self.pending.append(ast.copy_location(ast.Assign([target], value), s))
       case ast.Pass():
         pass
       case ast.Expr():

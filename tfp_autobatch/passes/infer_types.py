@@ -63,11 +63,11 @@ def _sweep_function(program, fn, env):
           raise errors.IRError(f"unknown IR-1 op {op!r}")
 
 
-def _placeholder(t, batched):
-  shape = ((None,) if batched else ()) + t.shape
+def _abstract_arg(t, batched):
+  """A TensorSpec for tracing; a weak type traces as its Python literal."""
   if t.weak and not batched:
-    return t.dtype.as_numpy_dtype(0).item()   # behaves like the literal
-  return tf.compat.v1.placeholder(t.dtype, shape)
+    return t.dtype.as_numpy_dtype(0).item()
+  return t.spec((None,) if batched else ())
 
 
 _EVAL_CACHE = {}
@@ -82,21 +82,29 @@ def abstract_eval(op, in_types):
 
 
 def _trace_types(op, in_types):
-  with tf.Graph().as_default():
-    args = [tf.nest.map_structure(lambda t: _placeholder(t, op.batched), t)
-            for t in in_types]
-    try:
-      outs = op.code.fn(*args)
-    except errors.AutobatchError:
-      raise
-    except Exception as e:  # pylint: disable=broad-except
-      shown = ", ".join(f"{v}: {types_lib.format_type(t)}"
-                        for v, t in zip(op.ins, in_types))
-      raise errors.TypeInferenceError(
-          f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
-          f"fails on inputs of types ({shown}): {type(e).__name__}: {e}"
-      ) from e
-    return [types_lib.type_of_value(v, batched=op.batched) for v in outs]
+  """Traces the code (in a FuncGraph, so it may capture eager tensors)."""
+  found = []
+
+  def trace(*args):
+    outs = op.code.fn(*args)
+    found.append([types_lib.type_of_value(v, batched=op.batched)
+                  for v in outs])
+    return 0
+
+  args = [tf.nest.map_structure(lambda t: _abstract_arg(t, op.batched), t)
+          for t in in_types]
+  try:
+    tf.function(trace, autograph=False).get_concrete_function(*args)
+  except errors.AutobatchError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    shown = ", ".join(f"{v}: {types_lib.format_type(t)}"
+                      for v, t in zip(op.ins, in_types))
+    raise errors.TypeInferenceError(
+        f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
+        f"fails on inputs of types ({shown}): {type(e).__name__}: {e}"
+    ) from e
+  return found[0]
 
 
 def _check_complete(program, env):

@@ -6,6 +6,7 @@ one example, is traced through `tf.vectorized_map` (pfor) inside a cached
 A `batched=True` primitive already maps over the batch and is called as is.
 """
 import contextvars
+import functools
 import logging
 import os
 
@@ -98,7 +99,9 @@ class KernelCache:
         signature = [tf.TensorSpec([], tf.int32)] + [
             tf.nest.map_structure(lambda t: t.spec((None,)), t)
             for t in in_types]
-        fn = tf.function(fn, input_signature=signature,
+        # A partial has no __code__, so TF's retracing detector counts each
+        # kernel on its own instead of all kernels as one function.
+        fn = tf.function(functools.partial(fn), input_signature=signature,
                          jit_compile=self.jit_compile, autograph=False)
       kernel = self._kernels[key] = fn
     return kernel
