@@ -348,7 +348,10 @@ class FunctionConverter:
   def loop(self, header, cond, body_stmts, prologue=()):
     """Emits `header: cond? body : exit`, returns with `exit` started."""
     body, exit_label = self.new_label("body"), self.new_label("endloop")
-    self.finish(ir1.Branch(cond, body, exit_label))
+    if cond is None:   # `while True`: leaves only by break or return
+      self.finish(ir1.Jump(body))
+    else:
+      self.finish(ir1.Branch(cond, body, exit_label))
     self.start(body)
     self.pending.extend(prologue)
     self.loops.append((header, exit_label))
@@ -365,7 +368,8 @@ class FunctionConverter:
     header = self.new_label("while")
     self.finish(ir1.Jump(header))
     self.start(header)
-    self.loop(header, self.condition(s.test), s.body)
+    forever = isinstance(s.test, ast.Constant) and bool(s.test.value)
+    self.loop(header, None if forever else self.condition(s.test), s.body)
 
   def for_statement(self, s):
     if s.orelse:

@@ -12,6 +12,7 @@ import tensorflow as tf
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.runtime import vectorize
 
 _MAX_SWEEPS = 100
 
@@ -86,7 +87,7 @@ def _trace_types(op, in_types):
   found = []
 
   def trace(*args):
-    outs = op.code.fn(*args)
+    outs = vectorize.call_single_example_code(op, *args)
     found.append([types_lib.type_of_value(v, batched=op.batched)
                   for v in outs])
     return 0

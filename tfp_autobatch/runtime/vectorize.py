@@ -37,13 +37,18 @@ def conform(value, var_type):
   return tf.nest.map_structure(leaf, var_type, value)
 
 
+def call_single_example_code(op, *ins):
+  """Runs a primitive's code, marking it as code for one example."""
+  token = inside_vectorized_code.set(not op.batched)
+  try:
+    return op.code.fn(*ins)
+  finally:
+    inside_vectorized_code.reset(token)
+
+
 def _per_example(op, out_types):
   def run(*ins):
-    token = inside_vectorized_code.set(True)
-    try:
-      outs = op.code.fn(*ins)
-    finally:
-      inside_vectorized_code.reset(token)
+    outs = call_single_example_code(op, *ins)
     return tuple(conform(v, t) for v, t in zip(outs, out_types))
   return run
 

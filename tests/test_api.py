@@ -1,0 +1,150 @@
+"""The public API: decorators, backends, errors, statistics."""
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfp_autobatch as tab
+
+LOCAL_BACKENDS = [b for b in tab.BACKENDS if b.startswith("local:")]
+
+
+@tab.batch
+def fib(n):
+  if n <= 1:
+    return n
+  return fib(n - 1) + fib(n - 2)
+
+
+def test_fib_default_backend_and_per_call_backend():
+  x = np.array([3, 7, 4, 5])
+  np.testing.assert_array_equal(fib(x), [2, 13, 3, 5])
+  for backend in tab.BACKENDS:
+    np.testing.assert_array_equal(fib(x, backend=backend), [2, 13, 3, 5])
+
+
+def test_default_backend_scope_is_used_and_restored():
+  x = np.array([3, 4])
+  with tab.default_backend("local:eager"):
+    fib(x)
+    first = fib.last_stats
+  fib(x, backend="local:eager")
+  assert first.steps == fib.last_stats.steps
+  with pytest.raises(tab.UnknownBackendError):
+    with tab.default_backend("gpu:magic"):
+      pass
+
+
+def test_unknown_backend_lists_valid_ones():
+  with pytest.raises(tab.UnknownBackendError) as info:
+    fib(np.array([1]), backend="nope")
+  for name in tab.BACKENDS:
+    assert name in str(info.value)
+
+
+def test_decorator_with_arguments():
+  @tab.batch(max_stack_depth=3, backend="local:eager")
+  def depth(n):
+    if n == 0:
+      return n
+    return depth(n - 1)
+  np.testing.assert_array_equal(depth(np.array([0, 2])), [0, 0])
+  with pytest.raises(tab.StackOverflowError, match="max_stack_depth=3"):
+    depth(np.array([0, 5]))
+
+
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+def test_empty_batch_gives_empty_results_of_the_right_type(backend):
+  Pair = collections.namedtuple("Pair", "a b")
+
+  @tab.batch
+  def f(p):
+    return Pair(p.a * 2.0, tf.reduce_sum(p.b))
+  out = f(Pair(np.zeros([0, 3], np.float32), np.zeros([0, 2], np.int64)),
+          backend=backend)
+  assert isinstance(out, Pair)
+  assert out.a.shape == (0, 3) and out.a.dtype == tf.float32
+  assert out.b.shape == (0,) and out.b.dtype == tf.int64
+
+
+def test_statistics_after_a_call():
+  fib(np.array([1, 6, 6, 6]), backend="local:eager")
+  stats = fib.last_stats
+  assert stats.batch_size == 4
+  assert stats.steps == sum(stats.block_executions.values())
+  assert 0 < stats.utilization <= 1
+  assert stats.max_stack_depth == 6   # fib(6) -> ... -> fib(1)
+
+
+def test_per_example_reduction_reduces_one_example_only():
+  @tab.batch
+  def norm(v):
+    return tf.reduce_sum(v * v)
+  v = np.arange(6, dtype=np.float32).reshape(2, 3)
+  np.testing.assert_allclose(norm(v), [5.0, 50.0])
+
+
+def test_closure_values_are_shared_by_all_examples():
+  offset = np.array([10.0, 20.0], np.float32)
+  scale = tf.constant(3.0)
+
+  @tab.batch
+  def f(x):
+    return x * scale + offset
+  np.testing.assert_allclose(f(np.array([[1.0, 1.0], [2.0, 0.0]], np.float32)),
+                             [[13.0, 23.0], [16.0, 20.0]])
+
+
+@tab.batched_primitive
+def _batched_sum(x):
+  assert x.shape.rank == 2, "called on the batch, not one example"
+  return tf.reduce_sum(x, axis=1)
+
+
+def test_batched_primitive_runs_on_the_batch():
+  @tab.batch
+  def f(x):
+    s = _batched_sum(x)
+    if s > 3:
+      s = _batched_sum(x * 2.0)
+    return s
+  x = np.array([[1.0, 1.0], [2.0, 2.0]], np.float32)
+  np.testing.assert_allclose(f(x), [2.0, 8.0])
+  np.testing.assert_allclose(f.reference(x), [2.0, 8.0])
+
+
+def test_batched_primitive_hidden_in_a_helper_is_a_clear_error():
+  def helper(x):
+    return _batched_sum(x)
+
+  @tab.batch
+  def f(x):
+    return helper(x)
+  with pytest.raises(tab.AutobatchError, match="call it directly"):
+    f(np.ones([2, 2], np.float32))
+
+
+def test_local_backends_refuse_to_be_traced():
+  @tf.function
+  def g(x):
+    return fib(x, backend="local:eager")
+  with pytest.raises(tab.AutobatchError, match="pc:graph"):
+    g(tf.constant([1, 2]))
+
+
+def test_scalar_argument_is_a_clear_error():
+  with pytest.raises(TypeError, match="closure"):
+    fib(3)
+
+
+def test_mismatched_batch_sizes_are_a_clear_error():
+  @tab.batch
+  def add(a, b):
+    return a + b
+  with pytest.raises(ValueError, match="different batch sizes"):
+    add(np.ones([2]), np.ones([3]))
+
+
+def test_run_unbatched_runs_plain_python():
+  assert int(fib.run_unbatched(tf.constant(7))) == 13

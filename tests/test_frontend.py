@@ -1,0 +1,279 @@
+"""Frontend: Python source -> IR-1, on small inline functions."""
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfp_autobatch as tab
+from tfp_autobatch import pipeline
+from tfp_autobatch.ir import ir1
+from tfp_autobatch.ir import verify
+
+
+def ir_of(fn):
+  return pipeline.convert_program(tab.batch(fn))
+
+
+def test_fib_prints_as_blocks_golden():
+  def fib(n):
+    if n <= 1:
+      return n
+    return fib(n - 1) + fib(n - 2)
+  fib = tab.batch(fib)
+  assert str(fib.ir()) == textwrap.dedent("""\
+      def fib(n) -> _result:
+        entry:
+          _cond0 = primitive(n) { _cond0 = __tab_ops__.truthy(n <= 1) }
+          branch _cond0 ? then1 : endif3
+        then1:
+          _result = primitive(n) { _result = n }
+          return
+        endif3:
+          _t4 = primitive(n) { _t4 = n - 1 }
+          _t5 = call fib(_t4)
+          _t6 = primitive(n) { _t6 = n - 2 }
+          _t7 = call fib(_t6)
+          _result = primitive(_t5, _t7) { _result = _t5 + _t7 }
+          return""")
+
+
+def test_typed_program_prints_types_after_a_call():
+  @tab.batch
+  def double(x):
+    return x * 2.0
+  double(np.ones([2, 3], np.float32))
+  assert str(double.ir()).endswith(
+      "types: _result: float32[3], x: float32[3]")
+
+
+def test_while_loop_golden():
+  def count(n):
+    steps = 0
+    while n > 0:
+      n = n - 1
+      steps += 1
+    return steps
+  assert str(ir_of(count)) == textwrap.dedent("""\
+      def count(n) -> _result:
+        entry:
+          steps = primitive() { steps = 0 }
+          jump while0
+        while0:
+          _cond1 = primitive(n) { _cond1 = __tab_ops__.truthy(n > 0) }
+          branch _cond1 ? body2 : endloop3
+        body2:
+          n, steps = primitive(n, steps) { n = n - 1; steps += 1 }
+          jump while0
+        endloop3:
+          _result = primitive(steps) { _result = steps }
+          return""")
+
+
+def test_for_range_break_continue_structure():
+  def f(n):
+    total = 0
+    for i in range(n):
+      if i == 2:
+        continue
+      if i > 5:
+        break
+      total += i
+    return total
+  fn = ir_of(f).entry
+  terminators = {b.label: b.terminator for b in fn.blocks}
+  header = next(label for label in terminators if label.startswith("for"))
+  exits = [t for t in terminators.values() if isinstance(t, ir1.Jump)]
+  # `continue` jumps back to the loop header, `break` to the loop exit.
+  assert ir1.Jump(header) in exits
+  assert any(isinstance(t, ir1.Jump) and t.target.startswith("endloop")
+             for t in exits)
+  verify.verify(ir_of(f), "test")
+
+
+def test_batched_calls_are_hoisted_in_evaluation_order():
+  @tab.batch
+  def g(x):
+    return x + 1
+  def f(x):
+    return g(x) * g(x + 2)
+  ops = ir_of(f).entry.blocks[0].ops
+  kinds = [type(op).__name__ for op in ops]
+  assert kinds == ["Call", "Primitive", "Call", "Primitive"]
+
+
+def test_mutual_recursion_with_function_defined_later():
+  program = pipeline.convert_program(_is_even)
+  assert [f.name for f in program.functions] == ["_is_even", "_is_odd"]
+
+
+@tab.batch
+def _is_even(n):
+  if n == 0:
+    return True
+  return _is_odd(n - 1)
+
+
+@tab.batch
+def _is_odd(n):
+  if n == 0:
+    return False
+  return _is_even(n - 1)
+
+
+def test_conditional_expression_and_boolean_operators_become_branches():
+  def f(a, b):
+    c = a if a > b else b
+    return (c > 0 and a < 3) or not b > 1
+  blocks = ir_of(f).entry.blocks
+  branches = [b for b in blocks if isinstance(b.terminator, ir1.Branch)]
+  assert len(branches) == 3   # the ternary, `and`, `or`
+  verify.verify(ir_of(f), "test")
+
+
+def test_chained_comparison_is_rewritten():
+  def f(a):
+    return 0 < a < 3
+  source = ir_of(f).entry.blocks[0].ops[0].code.source
+  assert "all_of" in source
+
+
+def _rejected(fn, construct):
+  with pytest.raises(tab.ConversionError) as info:
+    ir_of(fn)
+  message = str(info.value)
+  assert fn.__name__ in message
+  assert __file__ in message
+  assert f"line {info.value.lineno}" in message
+  assert construct in message
+  return info.value
+
+
+def test_rejects_try():
+  def f(x):
+    try:
+      y = x
+    except ValueError:
+      y = x
+    return y
+  err = _rejected(f, "try/except")
+  assert err.lineno == f.__code__.co_firstlineno + 1
+
+
+def test_rejects_with():
+  def f(x):
+    with tf.name_scope("a"):
+      y = x
+    return y
+  _rejected(f, "with")
+
+
+def test_rejects_generators():
+  def f(x):
+    yield x
+  _rejected(f, "yield")
+
+
+def test_rejects_global_and_nonlocal():
+  def f(x):
+    global _G  # pylint: disable=global-variable-undefined
+    return x
+  _rejected(f, "global")
+  z = 1
+  def g(x):
+    nonlocal z
+    return x + z
+  _rejected(g, "nonlocal")
+
+
+def test_rejects_mutation_and_side_effects():
+  def f(x):
+    x[0] = 1
+    return x
+  _rejected(f, "assigning to an element")
+  def g(x):
+    items = []
+    items.append(x)
+    return x
+  _rejected(g, "expression statement")
+
+
+def test_rejects_batched_function_as_value():
+  @tab.batch
+  def h(x):
+    return x
+  def f(x):
+    k = h
+    return k(x)
+  _rejected(f, "as a value")
+
+
+def test_rejects_async_and_lambdas_as_batched_functions():
+  async def f(x):
+    return x
+  with pytest.raises(tab.ConversionError, match="async"):
+    ir_of(f)
+  with pytest.raises(tab.ConversionError, match="lambda"):
+    ir_of(lambda x: x)
+
+
+def test_rejects_for_over_non_range():
+  def f(x):
+    for v in x:
+      x = v
+    return x
+  _rejected(f, "for loop over something other than range")
+
+
+def test_rejects_falling_off_the_end():
+  def f(x):
+    if x > 0:
+      return x
+  _rejected(f, "without `return`")
+
+
+def test_loop_forever_with_return_inside_is_fine():
+  def f(x):
+    while True:
+      if x > 3:
+        return x
+      x = x + 1
+  verify.verify(ir_of(f), "test")
+
+
+def test_type_conflict_names_variable_and_types():
+  @tab.batch
+  def f(x):
+    if x > 0:
+      y = tf.cast(x, tf.float32)
+    else:
+      y = tf.cast(x, tf.int32)
+    return y
+  with pytest.raises(tab.TypeInferenceError, match=r"'y'.*float32.*int32"):
+    f(np.array([1, -1]))
+
+
+def test_literal_takes_the_dtype_it_is_joined_with():
+  @tab.batch
+  def f(v):
+    acc = 0.0
+    for i in range(3):
+      acc = acc + v
+    return acc
+  out = f(np.ones([2], np.float64))
+  assert out.dtype == tf.float64
+  np.testing.assert_allclose(out, [3.0, 3.0])
+
+
+def test_verify_catches_a_broken_program():
+  program = ir_of(lambda_free_identity)
+  fn = program.entry
+  broken_block = ir1.Block("entry", fn.blocks[0].ops, ir1.Jump("nowhere"))
+  broken = ir1.Program((ir1.Function(fn.name, fn.params, fn.result,
+                                     (broken_block,)),))
+  with pytest.raises(tab.IRError, match="after pass 'mypass'.*nowhere"):
+    verify.verify(broken, "mypass")
+
+
+def lambda_free_identity(x):
+  return x
