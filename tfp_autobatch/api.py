@@ -62,9 +62,15 @@ class BatchedFunction:
     return result
 
   def ir(self, level=1):
-    """The program as IR-1 (typed for the last call's inputs, if any)."""
+    """The program as IR-1 (typed for the last call's inputs, if any), or
+    with `level=2` as IR-2 (typed, so only after a call)."""
+    if level == 2:
+      if self._last_types is None:
+        raise ValueError("IR-2 is typed by the inputs: call the function "
+                         "once before asking for ir(level=2)")
+      return pipeline.stack_program(self, self._last_types)
     if level != 1:
-      raise ValueError(f"IR level {level} is not available; levels: 1")
+      raise ValueError(f"IR level {level} is not available; levels: 1, 2")
     if self._last_types is not None:
       return pipeline.typed_program(self, self._last_types)
     return pipeline.convert_program(self)

@@ -6,6 +6,7 @@ backend is adding a line to `_FACTORIES`.
 """
 from tfp_autobatch import errors
 from tfp_autobatch.runtime import local_static
+from tfp_autobatch.runtime import pc_vm
 from tfp_autobatch.runtime import vectorize
 
 
@@ -17,13 +18,24 @@ def _local(jit_compile):
   return make
 
 
+def _pc(mode, schedule="lowest_pc"):
+  def make(program, max_stack_depth):
+    from tfp_autobatch import pipeline
+    return pc_vm.PcVmRuntime(pipeline.stack_program_of(program),
+                             max_stack_depth, mode=mode, schedule=schedule)
+  return make
+
+
 _FACTORIES = {
     "local:eager": _local(jit_compile=False),
     "local:eager_xla": _local(jit_compile=True),
+    "pc:eager": _pc("eager"),
+    "pc:graph": _pc("graph"),
+    "pc:xla": _pc("xla"),
 }
 
 BACKENDS = tuple(_FACTORIES)
-EAGER_ONLY = ("local:eager", "local:eager_xla")
+EAGER_ONLY = ("local:eager", "local:eager_xla", "pc:eager")
 
 
 def check_name(name):

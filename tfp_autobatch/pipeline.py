@@ -2,6 +2,7 @@
 
     Python source --frontend.convert--> IR-1 (untyped, one per entry function)
       --infer_types--> typed IR-1 (one per input signature)
+      --lower, stack_optimize--> IR-2 (program-counter backends)
       --backend--> runtime (one per signature and backend)
 
 With TFP_AUTOBATCH_DEBUG=1 (the tests set it), `verify` runs after each pass.
@@ -13,10 +14,13 @@ from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import infer_types
+from tfp_autobatch.passes import lower
+from tfp_autobatch.passes import stack_optimize
 
 _PROGRAMS = {}     # entry BatchedFunction -> untyped IR-1 program
 _TYPED = {}        # (entry, arg types) -> typed IR-1 program
 _RUNTIMES = {}     # (entry, arg types, backend) -> runtime
+_STACK = {}        # id(typed IR-1 program) -> (that program, IR-2 program)
 
 
 def _checked(program, after):
@@ -60,6 +64,24 @@ def typed_program(entry, arg_types):
     _TYPED[key] = _checked(infer_types.infer_types(program, arg_types),
                            "infer_types")
   return _TYPED[key]
+
+
+def stack_program_of(typed):
+  """The optimised IR-2 program of a typed IR-1 program (cached)."""
+  if id(typed) not in _STACK or _STACK[id(typed)][0] is not typed:
+    from tfp_autobatch.ir import ir2
+    def check(program, after):
+      if os.environ.get("TFP_AUTOBATCH_DEBUG", "0") == "1":
+        ir2.verify_ir2(program, after)
+      return program
+    program = check(lower.lower_to_stack_program(typed), "lower")
+    _STACK[id(typed)] = (typed, stack_optimize.optimize(program, check))
+  return _STACK[id(typed)][1]
+
+
+def stack_program(entry, arg_types):
+  """IR-2 for `entry` on inputs of `arg_types`."""
+  return stack_program_of(typed_program(entry, arg_types))
 
 
 def runtime(entry, arg_types, backend):

@@ -11,6 +11,8 @@ back) or masking (run on every row, keep the active rows). With masking,
 inactive rows are first replaced by a copy of an active row, so junk data
 (say an out-of-range index) can never raise or poison the results.
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -18,8 +20,8 @@ from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.runtime import segments
 from tfp_autobatch.runtime import stats as stats_lib
-from tfp_autobatch.runtime import vectorize
 
 
 def _next_power_of_two(n):
@@ -47,6 +49,7 @@ class LocalStaticRuntime:
     self.strategy = strategy
     self.bucket = bucket
     self.stats = None
+    self._blocks = {}   # (function, label) -> compiled parts
 
   def run(self, args, batch_size):
     """Runs the entry function on `args`, nests with `batch_size` rows."""
@@ -63,8 +66,18 @@ class LocalStaticRuntime:
   def _padded(self, n):
     return _next_power_of_two(n) if self.bucket else n
 
-  def _type(self, fn, var):
-    return self.program.var_type(fn.name, var)
+  def _parts(self, fn, block):
+    """The block split into compiled Segments, Calls and batched primitives."""
+    key = (fn.name, block.label)
+    if key not in self._blocks:
+      cond = (block.terminator.cond
+              if isinstance(block.terminator, ir1.Branch) else None)
+      var_type = functools.partial(self.program.var_type, fn.name)
+      self._blocks[key] = [
+          segments.Segment(part, var_type, self.kernels.jit_compile, cond)
+          if isinstance(part, list) else part
+          for part in segments.split_block(block)]
+    return self._blocks[key]
 
   def _call(self, fn, args, real_size, size, depth):
     """Runs `fn` on a frame of `size` rows; the first `real_size` are real."""
@@ -74,18 +87,11 @@ class LocalStaticRuntime:
           f"{self.max_stack_depth}; pass a larger one to "
           "@tab.batch(max_stack_depth=...)")
     self.stats.max_stack_depth = max(self.stats.max_stack_depth, depth)
-    env = dict(zip(fn.params, args))
+    frame = _Frame(self, fn, dict(zip(fn.params, args)), size)
     labels = fn.block_index()
     done = len(fn.blocks)
     pc = np.full(size, done, np.int64)
     pc[:real_size] = 0
-    arange = np.arange(size)
-
-    def read(var):
-      if var not in env:
-        env[var] = types_lib.zeros(self._type(fn, var), size)
-      return env[var]
-
     while True:
       waiting = pc[pc < done]
       if waiting.size == 0:
@@ -94,64 +100,104 @@ class LocalStaticRuntime:
       block = fn.blocks[index]
       members = np.nonzero(pc == index)[0]
       self.stats.record_block(f"{fn.name}/{block.label}", members.size)
-      for op in block.ops:
-        self._run_op(fn, op, env, read, members, size, arange, depth)
+      frame.members = members
+      for part in self._parts(fn, block):
+        frame.run(part, depth)
       match block.terminator:
         case ir1.Jump(target):
           pc[members] = labels[target]
         case ir1.Branch(cond, then_label, else_label):
-          taken = self._read_rows(read(cond), members, size).numpy()
+          taken = frame.members_value(cond)
           pc[members] = np.where(taken.astype(bool), labels[then_label],
                                  labels[else_label])
         case ir1.Return():
           pc[members] = done
         case _:
           raise errors.IRError(f"unknown terminator {block.terminator!r}")
-    return read(fn.result)
+    return frame.read(fn.result)
 
-  @staticmethod
-  def _read_rows(value, members, size):
-    if members.size == size:
-      return value
-    return batch_state.gather(value, members)
 
-  def _subset(self, read, ins, members, size):
-    """Inputs `ins` for just `members`, padded to a bucket size; and that size."""
-    if members.size == size:
-      return [read(v) for v in ins], size
-    n = self._padded(members.size)
-    rows = np.concatenate([members, np.full(n - members.size, members[0])])
-    return [batch_state.gather(read(v), rows) for v in ins], n
+class _Frame:
+  """The batched variables of one invocation, and how a part updates them."""
 
-  def _run_op(self, fn, op, env, read, members, size, arange, depth):
-    def write(var, value):
-      value = batch_state.take(value, members.size)
-      if members.size == size:
-        env[var] = value
-      else:
-        env[var] = batch_state.scatter(read(var), tf.constant(members), value)
+  def __init__(self, runtime, fn, env, size):
+    self.runtime, self.fn, self.env, self.size = runtime, fn, env, size
+    self.members = None
+    self.last_result = None    # (var, its values for `members`) of a segment
 
-    match op:
+  def read(self, var):
+    if var not in self.env:
+      self.env[var] = types_lib.zeros(
+          self.runtime.program.var_type(self.fn.name, var), self.size)
+    return self.env[var]
+
+  def rows(self):
+    """The members, padded with repeats of the first to a bucket size."""
+    n = self.runtime._padded(self.members.size)   # pylint: disable=protected-access
+    return np.concatenate([self.members,
+                           np.full(n - self.members.size, self.members[0])])
+
+  def members_value(self, var):
+    """The values of `var` for the current members, as NumPy."""
+    if self.last_result is not None and self.last_result[0] == var:
+      return self.last_result[1][:self.members.size]
+    value = self.read(var)
+    if self.members.size != self.size:
+      value = batch_state.gather(value, self.members)
+    return value.numpy()
+
+  def write(self, var, value):
+    """Stores `value`'s first rows as `var` of the current members."""
+    value = batch_state.take(value, self.members.size)
+    if self.members.size == self.size:
+      self.env[var] = value
+    else:
+      self.env[var] = batch_state.scatter(self.read(var),
+                                          tf.constant(self.members), value)
+
+  def run(self, part, depth):
+    full = self.members.size == self.size
+    self.last_result = None
+    match part:
+      case segments.Segment():
+        reads = [self.read(v) for v in part.reads]
+        if full:
+          new, result = part.full(tf.constant(self.size, tf.int32), *reads)
+        elif self.runtime.strategy == "gather":
+          olds = [self.read(v) for v in part.writes]
+          new, result = part.gathered(tf.constant(self.rows(), tf.int32),
+                                      *reads, *olds)
+        else:
+          active = np.zeros(self.size, bool)
+          active[self.members] = True
+          source = np.where(active, np.arange(self.size), self.members[0])
+          olds = [self.read(v) for v in part.writes]
+          new, result = part.masked(tf.constant(active),
+                                    tf.constant(source, tf.int32),
+                                    *reads, *olds)
+          result = tf.gather(result, self.members) if part.result else result
+        self.env.update(zip(part.writes, new))
+        if part.result is not None:
+          self.last_result = (part.result, result.numpy())
       case ir1.Call(outs, callee, ins):
-        args, n = self._subset(read, ins, members, size)
-        result = self._call(self.program.function(callee), args, members.size,
-                            n, depth + 1)
-        write(outs[0], result)
-      case ir1.Primitive(outs, _, ins):
-        kernel = self.kernels.get(op, [self._type(fn, v) for v in ins],
-                                  [self._type(fn, v) for v in outs])
-        if members.size == size or self.strategy == "gather":
-          inputs, n = self._subset(read, ins, members, size)
-          for var, value in zip(outs, kernel(tf.constant(n, tf.int32),
-                                             *inputs)):
-            write(var, value)
-        else:   # mask: run every row on a copy of active data, keep active rows
-          active = np.isin(arange, members)
-          source = np.where(active, arange, members[0])
-          inputs = [batch_state.gather(read(v), source) for v in ins]
-          results = kernel(tf.constant(size, tf.int32), *inputs)
-          mask = tf.constant(active)
-          for var, value in zip(outs, results):
-            env[var] = batch_state.where(mask, value, read(var))
+        rows = self.rows()
+        args = [self.read(v) if full and rows.size == self.size
+                else batch_state.gather(self.read(v), rows) for v in ins]
+        result = self.runtime._call(self.runtime.program.function(callee),   # pylint: disable=protected-access
+                                    args, self.members.size, rows.size,
+                                    depth + 1)
+        self.write(outs[0], result)
+      case ir1.Primitive(outs, _, ins, batched=True):
+        fn_name = self.fn.name
+        var_type = self.runtime.program.var_type
+        kernel = self.runtime.kernels.get(
+            part, [var_type(fn_name, v) for v in ins],
+            [var_type(fn_name, v) for v in outs])
+        rows = self.rows()
+        inputs = [self.read(v) if full and rows.size == self.size
+                  else batch_state.gather(self.read(v), rows) for v in ins]
+        for var, value in zip(outs, kernel(tf.constant(rows.size, tf.int32),
+                                           *inputs)):
+          self.write(var, value)
       case _:
-        raise errors.IRError(f"unknown IR-1 op {op!r}")
+        raise errors.IRError(f"unknown IR-1 op {part!r}")

@@ -53,6 +53,28 @@ def _per_example(op, out_types):
   return run
 
 
+def vectorized_map(per_example, batched_args, code):
+  """`per_example(*args)` on every row of `batched_args`, with pfor.
+
+  If pfor cannot vectorise some op, that is an error in strict mode and
+  otherwise a warning naming the user's code, and pfor loops over the rows.
+  """
+  body = lambda args: per_example(*args)  # pylint: disable=unnecessary-lambda-assignment
+  try:
+    return tf.vectorized_map(body, tuple(batched_args),
+                             fallback_to_while_loop=False)
+  except (ValueError, NotImplementedError, TypeError) as e:
+    if strict_vectorization():
+      raise errors.AutobatchError(
+          f"cannot vectorise the code at {code.filename}, line {code.lineno} "
+          f"(`{code.source}`) over the batch: {e}") from e
+    logging.warning("tfp_autobatch: the code at %s:%d (`%s`) falls back to a "
+                    "sequential loop over the batch: %s", code.filename,
+                    code.lineno, code.source, e)
+    return tf.vectorized_map(body, tuple(batched_args),
+                             fallback_to_while_loop=True)
+
+
 def batched_fn(op, out_types):
   """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive."""
   if op.batched:
@@ -72,18 +94,7 @@ def batched_fn(op, out_types):
 
   def run_vectorized(n, *ins):
     del n
-    body = lambda args: per_example(*args)  # pylint: disable=unnecessary-lambda-assignment
-    try:
-      return tf.vectorized_map(body, ins, fallback_to_while_loop=False)
-    except (ValueError, NotImplementedError, TypeError) as e:
-      if strict_vectorization():
-        raise errors.AutobatchError(
-            f"cannot vectorise `{op.code.source}` ({op.code.filename}, line "
-            f"{op.code.lineno}) over the batch: {e}") from e
-      logging.warning("tfp_autobatch: `%s` (%s:%d) falls back to a sequential "
-                      "loop over the batch: %s", op.code.source,
-                      op.code.filename, op.code.lineno, e)
-      return tf.vectorized_map(body, ins, fallback_to_while_loop=True)
+    return vectorized_map(per_example, ins, op.code)
   return run_vectorized
 
 

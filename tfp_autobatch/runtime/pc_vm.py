@@ -1,0 +1,375 @@
+"""Program-counter autobatching (paper Algorithm 2) of an IR-2 program.
+
+The VM state is a dict of tensors with batch dimension Z:
+
+  pc_top [Z], pc_stack [D, Z], pc_sp [Z]   block each member waits at, and
+                                           its return addresses
+  vars[v] = [Z, ...]                       a register
+  vars[v] = {top [Z, ...], stack [D, Z, ...], sp [Z]}
+                                           a stacked variable (cached top)
+  vars[v] = {stack [D, Z, ...], sp [Z]}    a stacked variable, value at sp
+  overflow [Z], and the statistics counters.
+
+Each step picks a block (the lowest waiting pc, or the one most members wait
+at), and runs it for the members waiting there: every primitive runs on all
+Z rows, inactive rows fed a copy of an active row's inputs (so junk can never
+raise or poison), and results are kept with `tf.where(active, new, old)`.
+Temporaries live only in a block's local environment. Block functions are
+built once per block with the block index static (paper Fig. 5): in graph
+mode the loop is a `tf.while_loop` over `tf.switch_case(next_pc, blocks)`.
+
+A PushJump past `max_stack_depth` halts the member and sets its overflow
+flag; called eagerly, `run` raises `StackOverflowError`. Inside a user's graph
+the result rows of overflowed members are poisoned (NaN for floats, the
+dtype's minimum for integers, False for booleans) and a `tf.debugging.Assert`
+fails the graph; under the user's XLA, which drops asserts, the poisoned rows
+are what remains.
+"""
+import numpy as np
+import tensorflow as tf
+
+from tfp_autobatch import errors
+from tfp_autobatch.ir import ir2
+from tfp_autobatch.runtime import stats as stats_lib
+from tfp_autobatch.runtime import vectorize
+
+SCHEDULES = ("lowest_pc", "most_waiting")
+
+
+def _index(stack, sp):
+  """Gather/scatter indices of `(sp[i], i)`, sp clipped into the stack."""
+  depth = tf.shape(tf.nest.flatten(stack)[0])[0]
+  sp = tf.clip_by_value(sp, 0, depth - 1)
+  return tf.stack([sp, tf.range(tf.shape(sp)[0])], axis=1)
+
+
+def _rows(stack, sp):
+  """`stack[sp[i], i]` for each row i, per leaf."""
+  idx = _index(stack, sp)
+  return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
+
+
+def _set_rows(stack, sp, value, mask):
+  """`stack` with `stack[sp[i], i] = value[i]` where `mask[i]`."""
+  idx = _index(stack, sp)
+  def leaf(s, v):
+    return tf.tensor_scatter_nd_update(
+        s, idx, _where(mask, v, tf.gather_nd(s, idx)))
+  return tf.nest.map_structure(leaf, stack, value)
+
+
+def _where(mask, new, old):
+  m = tf.reshape(mask, tf.concat(
+      [tf.shape(mask), tf.ones(tf.rank(new) - 1, tf.int32)], 0))
+  return tf.where(m, new, old)
+
+
+def _where_nest(mask, new, old):
+  return tf.nest.map_structure(lambda n, o: _where(mask, n, o), new, old)
+
+
+def _zeros(var_type, lead):
+  return tf.nest.map_structure(
+      lambda t: tf.zeros(tf.concat([lead, tf.constant(t.shape, tf.int32)], 0),
+                         t.dtype), var_type)
+
+
+def _poison(value, mask):
+  def leaf(x):
+    if x.dtype.is_floating or x.dtype.is_complex:
+      bad = tf.constant(np.nan, x.dtype)
+    elif x.dtype.is_integer:
+      bad = tf.constant(x.dtype.min, x.dtype)
+    else:
+      bad = tf.zeros([], x.dtype)
+    return _where(mask, tf.fill(tf.shape(x), bad), x)
+  return tf.nest.map_structure(leaf, value)
+
+
+class PcVmRuntime:
+  """Runs an optimised IR-2 program on a batch.
+
+  Args:
+    program: the IR-2 program (`pipeline.stack_program_of`).
+    max_stack_depth: D, the frames a member may have (entry included).
+    mode: "eager" (Python loop, for debugging), "graph" or "xla".
+    schedule: "lowest_pc" (the paper's) or "most_waiting".
+  """
+
+  def __init__(self, program, max_stack_depth, mode="graph",
+               schedule="lowest_pc"):
+    if mode not in ("eager", "graph", "xla"):
+      raise ValueError(f"mode must be eager, graph or xla, not {mode!r}")
+    if schedule not in SCHEDULES:
+      raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+    self.program = program
+    self.depth = int(max_stack_depth)
+    self.mode = mode
+    self.schedule = schedule
+    self.kernels = vectorize.KernelCache(jit_compile=False,
+                                         graph=mode == "eager")
+    self.stats = None
+    self.stats_tensors = None
+    self.trace_count = 0
+    self._blocks = [self._block_fn(i, b) for i, b in enumerate(program.blocks)]
+    self._compiled = None
+    if mode != "eager":
+      self._compiled = tf.function(self._traced, jit_compile=mode == "xla",
+                                   autograph=False)
+
+  # -- the public interface shared with LocalStaticRuntime -------------------
+
+  def run(self, args, batch_size):
+    del batch_size   # taken from the tensors: it may be unknown at trace time
+    if self.mode == "eager":
+      result, overflow, counters = self._execute(args, eager=True)
+    else:
+      result, overflow, counters = self._compiled(*args)
+    message = (f"stack depth exceeded: recursion went deeper than "
+               f"max_stack_depth={self.depth}; raise max_stack_depth=... in "
+               "@tab.batch(max_stack_depth=...)")
+    if tf.executing_eagerly():
+      self.stats = self._to_stats(counters, overflow.shape[0])
+      self.stats_tensors = None
+      if bool(tf.reduce_any(overflow)):
+        raise errors.StackOverflowError(message)
+      return result
+    self.stats, self.stats_tensors = None, counters
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
+                                ["tfp_autobatch: " + message])
+    with tf.control_dependencies([check]):
+      return tf.nest.map_structure(tf.identity, result)
+
+  def _traced(self, *args):
+    self.trace_count += 1
+    return self._execute(list(args), eager=False)
+
+  def _to_stats(self, counters, batch_size):
+    steps, executions, active, high = (np.asarray(c) for c in counters)
+    stats = stats_lib.RunStats(batch_size=int(batch_size), steps=int(steps),
+                               active_members=int(active),
+                               max_stack_depth=int(high))
+    stats.block_executions = {b.label: int(n) for b, n in
+                              zip(self.program.blocks, executions) if n}
+    return stats
+
+  # -- the loop -------------------------------------------------------------
+
+  def _execute(self, args, eager):
+    state = self._initial_state(args)
+    halt = self.program.halt
+    if eager:
+      while True:
+        nxt = int(self._next_block(state["pc_top"]))
+        if nxt >= halt:
+          break
+        state = self._blocks[nxt](state)
+        if bool(tf.reduce_any(state["overflow"])):
+          break
+    else:
+      def body(nxt, state):
+        branches = [lambda fn=fn: fn(state) for fn in self._blocks]
+        state = tf.switch_case(nxt, branches)
+        return self._next_block(state["pc_top"]), state
+      _, state = tf.while_loop(
+          lambda nxt, state: nxt < halt, body,
+          (self._next_block(state["pc_top"]), state))
+    result = self._value(state["vars"][self.program.result],
+                         self.program.result)
+    result = _poison(result, state["overflow"])
+    counters = (state["steps"], state["executions"], state["active"],
+                state["high"])
+    return result, state["overflow"], counters
+
+  def _next_block(self, pc_top):
+    halt = self.program.halt
+    if self.schedule == "lowest_pc":
+      return tf.reduce_min(tf.concat([pc_top, [halt]], 0))
+    counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
+    return tf.where(tf.reduce_max(counts) > 0,
+                    tf.cast(tf.argmax(counts), tf.int32), halt)
+
+  def _initial_state(self, args):
+    p = self.program
+    leaves = tf.nest.flatten(args)
+    z = tf.shape(leaves[0])[0]
+    d = self.depth
+    values = dict(zip(p.params, args))
+    variables = {}
+    for v in sorted(set(p.types) - p.temporaries):
+      t = p.types[v]
+      if v in values:
+        value = vectorize.conform(values[v], t)
+      else:
+        value = _zeros(t, [z])
+      if v not in p.stacked:
+        variables[v] = value
+        continue
+      stack = _zeros(t, [d, z])
+      sp = tf.zeros([z], tf.int32)
+      if p.cached_top:
+        variables[v] = {"top": value, "stack": stack, "sp": sp}
+      else:
+        variables[v] = {"stack": _set_rows(stack, sp, value,
+                                           tf.ones([z], tf.bool)), "sp": sp}
+    halt = tf.fill([z], p.halt)
+    return {
+        "vars": variables,
+        "pc_top": tf.zeros([z], tf.int32),
+        "pc_stack": tf.concat([halt[None], tf.zeros([d - 1, z], tf.int32)], 0),
+        "pc_sp": tf.ones([z], tf.int32),
+        "overflow": tf.zeros([z], tf.bool),
+        "steps": tf.constant(0, tf.int32),
+        "executions": tf.zeros([p.halt], tf.int32),
+        "active": tf.constant(0, tf.int32),
+        "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
+    }
+
+  # -- storage of one variable ----------------------------------------------
+
+  def _value(self, store, v):
+    """The current value of variable `v` (every row)."""
+    if v not in self.program.stacked:
+      return store
+    if self.program.cached_top:
+      return store["top"]
+    return _rows(store["stack"], store["sp"])
+
+  def _write(self, store, v, value, mask):
+    if v not in self.program.stacked:
+      return _where_nest(mask, value, store)
+    store = dict(store)
+    if self.program.cached_top:
+      store["top"] = _where_nest(mask, value, store["top"])
+    else:
+      store["stack"] = _set_rows(store["stack"], store["sp"], value, mask)
+    return store
+
+  def _push(self, store, v, value, mask):
+    """Saves `value` (v's current value) below a new current slot."""
+    store = dict(store)
+    top = self.depth - 1
+    sp = store["sp"]
+    if self.program.cached_top:
+      store["stack"] = _set_rows(store["stack"], tf.minimum(sp, top), value,
+                                 mask)
+      store["top"] = _where_nest(mask, value, store["top"])
+    else:
+      stack = _set_rows(store["stack"], tf.minimum(sp, top), value, mask)
+      store["stack"] = _set_rows(stack, tf.minimum(sp + 1, top), value, mask)
+    store["sp"] = sp + tf.cast(mask, tf.int32)
+    return store
+
+  def _pop(self, store, v, mask, keep):
+    """Restores v's saved value; `keep` leaves the saved copy (Update)."""
+    store = dict(store)
+    sp = store["sp"] - tf.cast(mask, tf.int32)
+    saved = _rows(store["stack"], tf.maximum(sp, 0))
+    if self.program.cached_top:
+      store["top"] = _where_nest(mask, saved, store["top"])
+      if not keep:
+        store["sp"] = sp
+    elif keep:
+      store["stack"] = _set_rows(store["stack"], store["sp"], saved, mask)
+    else:
+      store["sp"] = sp
+    del v
+    return store, saved
+
+  # -- one block ------------------------------------------------------------
+
+  def _block_fn(self, index, block):
+    p = self.program
+
+    def run(state):
+      state = dict(state)
+      variables = dict(state["vars"])
+      pc_top = state["pc_top"]
+      z = tf.shape(pc_top)[0]
+      active = tf.equal(pc_top, index)
+      rows = tf.range(z)
+      first = tf.cast(tf.argmax(tf.cast(active, tf.int32)), tf.int32)
+      source = tf.where(active, rows, first)
+
+      def sanitize(value):
+        return tf.nest.map_structure(lambda x: tf.gather(x, source), value)
+
+      env, dirty = {}, set()
+
+      def read(v):
+        if v not in env:
+          if v in p.temporaries:
+            raise errors.IRError(f"{block.label}: temporary '{v}' read "
+                                 "before it is written")
+          env[v] = sanitize(self._value(variables[v], v))
+        return env[v]
+
+      for op in block.ops:
+        match op:
+          case ir2.Primitive(outs, _, ins, _):
+            kernel = self.kernels.get(op, [p.types[v] for v in ins],
+                                      [p.types[v] for v in outs])
+            values = kernel(z, *[read(v) for v in ins])
+            for v, value in zip(outs, values):
+              env[v] = value
+              dirty.add(v)
+          case ir2.Move(outs, ins):
+            values = [read(v) for v in ins]
+            for v, value in zip(outs, values):
+              env[v] = vectorize.conform(value, p.types[v])
+              dirty.add(v)
+          case ir2.Push(v):
+            variables[v] = self._push(variables[v], v, read(v), active)
+            dirty.discard(v)
+          case ir2.Pop(v) | ir2.Update(v):
+            variables[v], saved = self._pop(variables[v], v, active,
+                                            keep=isinstance(op, ir2.Update))
+            env[v] = sanitize(saved)
+            dirty.discard(v)
+          case _:
+            raise errors.IRError(f"{block.label}: unknown IR-2 op {op!r}")
+      for v in sorted(dirty - p.temporaries):
+        variables[v] = self._write(variables[v], v, env[v], active)
+      state["vars"] = variables
+      self._terminate(block.terminator, state, active, read)
+      state["steps"] = state["steps"] + 1
+      state["executions"] = state["executions"] + tf.one_hot(
+          index, p.halt, dtype=tf.int32)
+      state["active"] = state["active"] + tf.reduce_sum(
+          tf.cast(active, tf.int32))
+      state["high"] = tf.maximum(state["high"], tf.reduce_max(
+          tf.concat([state["pc_sp"], [0]], 0)))
+      return state
+
+    return run
+
+  def _terminate(self, terminator, state, active, read):
+    labels = self.program.block_index()
+    pc_top = state["pc_top"]
+    match terminator:
+      case ir2.Jump(target):
+        state["pc_top"] = tf.where(active, labels[target], pc_top)
+      case ir2.Branch(cond, then_label, else_label):
+        taken = tf.cast(read(cond), tf.bool)
+        state["pc_top"] = tf.where(
+            active, tf.where(taken, labels[then_label], labels[else_label]),
+            pc_top)
+      case ir2.PushJump(target, return_label):
+        sp = state["pc_sp"]
+        overflow = active & (sp >= self.depth)
+        ok = active & ~overflow
+        state["pc_stack"] = _set_rows(
+            state["pc_stack"], tf.minimum(sp, self.depth - 1),
+            tf.fill(tf.shape(sp), labels[return_label]), ok)
+        state["pc_sp"] = sp + tf.cast(ok, tf.int32)
+        state["pc_top"] = tf.where(
+            ok, labels[target],
+            tf.where(overflow, self.program.halt, pc_top))
+        state["overflow"] = state["overflow"] | overflow
+      case ir2.Return():
+        sp = state["pc_sp"] - tf.cast(active, tf.int32)
+        back = _rows(state["pc_stack"], tf.maximum(sp, 0))
+        state["pc_sp"] = sp
+        state["pc_top"] = tf.where(active, back, pc_top)
+      case _:
+        raise errors.IRError(f"unknown IR-2 terminator {terminator!r}")

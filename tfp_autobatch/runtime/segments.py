@@ -1,0 +1,110 @@
+"""Straight-line segments of a block, compiled as one batched kernel each.
+
+A segment is a maximal run of single-example `Primitive`s in a block (calls
+and batched primitives end it). Its code is composed into one single-example
+function, vectorised once with pfor, and wrapped with the reads and writes of
+the batch state, so running a segment for some members is ONE call of a
+compiled function:
+
+    full(*reads)                      all members active: no gather, no scatter
+    gathered(rows, *reads, *olds)     gather `rows`, compute, scatter back
+    masked(active, rows, *reads, *olds)
+                                      compute on every row (inactive rows read
+                                      a copy of an active row), keep active rows
+
+Each also returns the segment's value of one `result` variable (the branch
+condition of the block, if any) for just the rows it ran.
+"""
+import functools
+
+import tensorflow as tf
+
+from tfp_autobatch.ir import ir1
+from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.runtime import vectorize
+
+
+def split_block(block):
+  """The block's ops as a list of Primitive-runs (lists) and single ops."""
+  parts, run = [], []
+  for op in block.ops:
+    if isinstance(op, ir1.Primitive) and not op.batched:
+      run.append(op)
+      continue
+    if run:
+      parts.append(run)
+      run = []
+    parts.append(op)
+  if run:
+    parts.append(run)
+  return parts
+
+
+class Segment:
+  """A compiled run of primitives of one function (see module docstring)."""
+
+  def __init__(self, ops, var_type, jit_compile, result=None):
+    self.ops = ops
+    self.reads, self.writes = [], []
+    for op in ops:
+      self.reads += [v for v in op.ins
+                     if v not in self.writes and v not in self.reads]
+      self.writes += [v for v in op.outs if v not in self.writes]
+    self.result = result if result in self.writes else None
+    self.var_type = var_type
+    read_specs = [self._spec(v) for v in self.reads]
+    write_specs = [self._spec(v) for v in self.writes]
+    rows = tf.TensorSpec([None], tf.int32)
+    compile_ = functools.partial(tf.function, jit_compile=jit_compile,
+                                 autograph=False)
+    self.full = compile_(functools.partial(self._full),
+                         input_signature=[tf.TensorSpec([], tf.int32)]
+                         + read_specs)
+    self.gathered = compile_(functools.partial(self._gathered),
+                             input_signature=[rows] + read_specs + write_specs)
+    self.masked = compile_(functools.partial(self._masked),
+                           input_signature=[tf.TensorSpec([None], tf.bool),
+                                            rows] + read_specs + write_specs)
+
+  def _spec(self, var):
+    return tf.nest.map_structure(lambda t: t.spec((None,)), self.var_type(var))
+
+  def _per_example(self, *values):
+    env = dict(zip(self.reads, values))
+    for op in self.ops:
+      outs = vectorize.call_single_example_code(op, *[env[v] for v in op.ins])
+      for var, value in zip(op.outs, outs):
+        env[var] = vectorize.conform(value, self.var_type(var))
+    return tuple(env[v] for v in self.writes)
+
+  def _vectorized(self, n, reads):
+    if not reads:
+      outs = self._per_example()
+      return tf.nest.map_structure(
+          lambda x: tf.broadcast_to(x, tf.concat([[n], tf.shape(x)], 0)), outs)
+    return vectorize.vectorized_map(self._per_example, reads,
+                                    self.ops[0].code)
+
+  def _result_of(self, new):
+    if self.result is None:
+      return tf.zeros([0], tf.bool)
+    return new[self.writes.index(self.result)]
+
+  def _full(self, n, *reads):
+    new = self._vectorized(n, list(reads))
+    return tuple(new), self._result_of(new)
+
+  def _gathered(self, rows, *args):
+    reads, olds = args[:len(self.reads)], args[len(self.reads):]
+    new = self._vectorized(tf.size(rows),
+                           [batch_state.gather(r, rows) for r in reads])
+    # Padding rows repeat a real row, so duplicate scatters write equal values.
+    updated = tuple(batch_state.scatter(o, rows, v) for o, v in zip(olds, new))
+    return updated, self._result_of(new)
+
+  def _masked(self, active, rows, *args):
+    reads, olds = args[:len(self.reads)], args[len(self.reads):]
+    new = self._vectorized(tf.size(rows),
+                           [batch_state.gather(r, rows) for r in reads])
+    updated = tuple(batch_state.where(active, v, o) for o, v in zip(olds, new))
+    return updated, self._result_of(new)
