@@ -9,6 +9,7 @@ batch raises `ConversionError` naming the line and saying what to write.
 """
 import ast
 import builtins
+import copy
 import itertools
 
 import tensorflow as tf
@@ -94,6 +95,21 @@ def _assigned_names(stmts):
   return names
 
 
+def _local_lambdas(stmts, params):
+  """Local names bound exactly once, to a lambda: {name: Lambda node}."""
+  stores, lambdas = {}, {}
+  for stmt in stmts:
+    for node in ast.walk(stmt):
+      if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        stores[node.id] = stores.get(node.id, 0) + 1
+      if (isinstance(node, ast.Assign) and len(node.targets) == 1
+          and isinstance(node.targets[0], ast.Name)
+          and isinstance(node.value, ast.Lambda)):
+        lambdas[node.targets[0].id] = node.value
+  return {k: v for k, v in lambdas.items()
+          if stores.get(k) == 1 and k not in params}
+
+
 def _target_names(target):
   return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
 
@@ -115,6 +131,7 @@ class FunctionConverter:
     self.loops = []          # (continue_label, break_label)
     self.counter = itertools.count()
     self.locals = set()
+    self.lambdas = {}   # local name -> the lambda it is bound to, once
     self.result = "_result"
 
   # --- errors and name resolution -------------------------------------------
@@ -234,7 +251,9 @@ class FunctionConverter:
                        "batch")
     self.reject_unsupported()
     params = tuple(a.arg for a in args.args)
-    self.locals = set(params) | _assigned_names(self.node.body)
+    self.lambdas = _local_lambdas(self.node.body, params)
+    self.locals = (set(params) | _assigned_names(self.node.body)) - set(
+        self.lambdas)
     self.locals.add(self.result)
     self.start("entry")
     body = self.node.body
@@ -267,6 +286,8 @@ class FunctionConverter:
 
   def statement(self, s):
     match s:
+      case ast.Assign(targets=[ast.Name(id=name)]) if name in self.lambdas:
+        pass   # inlined where it is used
       case ast.Assign(targets=targets, value=value):
         for t in targets:
           self.check_target(t)
@@ -453,6 +474,8 @@ class _ExpressionLowering(ast.NodeTransformer):
     return ast.copy_location(ast.Name(out, ast.Load()), node)
 
   def visit_Name(self, node):
+    if isinstance(node.ctx, ast.Load) and node.id in self.c.lambdas:
+      return copy.deepcopy(self.c.lambdas[node.id])   # Python binds late too
     kind, _ = self.c.batched_kind(node)
     if kind == "call":
       raise self.c.error(node, f"using the batched function `{node.id}` as a "
@@ -482,6 +505,14 @@ class _ExpressionLowering(ast.NodeTransformer):
     return self._no_batched_calls(node, "a comprehension")
 
   visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+
+  def visit_Subscript(self, node):
+    node = self.generic_visit(node)
+    if not isinstance(node.ctx, ast.Load) or isinstance(node.slice, ast.Slice):
+      return node
+    return ast.copy_location(ast.Call(
+        ast.Attribute(ast.Name(OPS, ast.Load()), "getitem", ast.Load()),
+        [node.value, node.slice], []), node)
 
   def visit_UnaryOp(self, node):
     node = self.generic_visit(node)

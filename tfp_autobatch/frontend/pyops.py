@@ -46,3 +46,30 @@ def range_init(*args):
 
 def range_continues(counter, stop, step):
   return tf.where(step > 0, counter < stop, counter > stop)
+
+
+def getitem(value, index):
+  """`value[index]`, as `tf.gather` when a tensor is indexed by a tensor.
+
+  pfor cannot vectorise a subscript whose index differs per example, but it
+  vectorises `tf.gather`; Python containers and constant indices are left
+  to Python.
+  """
+  if not isinstance(value, (tf.Tensor, tf.Variable)) and not hasattr(
+      value, "dtype"):
+    return value[index]
+  indices = index if isinstance(index, tuple) else (index,)
+  if all(isinstance(i, int) for i in indices) or any(
+      isinstance(i, slice) or i is None or i is Ellipsis for i in indices):
+    return value[index]
+  value = tf.convert_to_tensor(value)
+  indices = [tf.convert_to_tensor(i) for i in indices]
+  if len(indices) == 1:
+    i = indices[0]
+    return tf.gather(value, tf.where(i < 0, i + tf.cast(tf.shape(value)[0],
+                                                        i.dtype), i))
+  dims = tf.shape(value)[:len(indices)]
+  wrapped = [tf.where(i < 0, i + tf.cast(d, i.dtype), i)
+             for i, d in zip(indices, tf.unstack(dims))]
+  common = wrapped[0].dtype
+  return tf.gather_nd(value, tf.stack([tf.cast(i, common) for i in wrapped]))

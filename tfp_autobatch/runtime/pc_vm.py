@@ -114,8 +114,12 @@ class PcVmRuntime:
     self._blocks = [self._block_fn(i, b) for i, b in enumerate(program.blocks)]
     self._compiled = None
     if mode != "eager":
+      # One trace per program: the batch dimension is left unknown.
+      signature = [tf.nest.map_structure(lambda t: t.spec((None,)),
+                                         program.types[v])
+                   for v in program.params]
       self._compiled = tf.function(self._traced, jit_compile=mode == "xla",
-                                   autograph=False)
+                                   input_signature=signature, autograph=False)
 
   # -- the public interface shared with LocalStaticRuntime -------------------
 
@@ -288,7 +292,9 @@ class PcVmRuntime:
       z = tf.shape(pc_top)[0]
       active = tf.equal(pc_top, index)
       rows = tf.range(z)
-      first = tf.cast(tf.argmax(tf.cast(active, tf.int32)), tf.int32)
+      # (The appended 1 keeps argmax defined for an empty batch.)
+      first = tf.cast(tf.argmax(tf.concat([tf.cast(active, tf.int32), [1]],
+                                          0)), tf.int32)
       source = tf.where(active, rows, first)
 
       def sanitize(value):

@@ -1,0 +1,369 @@
+"""Tests of program-counter autobatching: IR-2, lowering, the stack
+optimisations and the VM (paper section 3)."""
+import os
+import types as pytypes
+
+import hypothesis
+from hypothesis import strategies as st
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfp_autobatch as tab
+from tfp_autobatch import pipeline
+from tfp_autobatch.ir import ir2
+from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.passes import lower
+from tfp_autobatch.passes import stack_optimize
+from tfp_autobatch.runtime import pc_vm
+
+os.environ.setdefault("TFP_AUTOBATCH_DEBUG", "1")
+os.environ.setdefault("TFP_AUTOBATCH_STRICT_PFOR", "1")
+
+INT = [types_lib.TensorType(tf.int32, ())]
+
+
+@tab.batch
+def fib(n):
+  if n <= 1:
+    return n
+  return fib(n - 1) + fib(n - 2)
+
+
+@tab.batch
+def count_down(n):
+  total = 0
+  while n > 0:
+    total += n
+    n -= 1
+  return total
+
+
+@tab.batch
+def tree(height, depth):
+  if height == 0:
+    return depth
+  left = tree(height - 1, depth + 1)
+  right = tree(height - 1, depth + 1)
+  return depth + left + right
+
+
+@tab.batch
+def square(x):
+  return x * x
+
+
+@tab.batch
+def sum_squares(n):
+  a = square(n)
+  b = square(n + 1)
+  return a + b + n
+
+
+def _fib_np(n):
+  a, b = 0, 1
+  for _ in range(n):
+    a, b = b, a + b
+  return a
+
+
+def _tree_np(h, d):
+  return d if h == 0 else d + 2 * _tree_np(h - 1, d + 1)
+
+
+def _typed(fn, arg_types=INT):
+  return pipeline.typed_program(fn, arg_types)
+
+
+def _run(program, *args, depth=16):
+  """Runs an IR-2 program on the graph VM."""
+  args = [tf.constant(a, tf.int32) for a in args]
+  return pc_vm.PcVmRuntime(program, depth, mode="graph").run(args, None).numpy()
+
+
+FIB_IR2 = """\
+program(fib.n) -> fib._result  [halt = 5; stacks with cached top]
+  stacked:     fib._t5, fib.n
+  registers:   fib._result
+  temporaries: fib._cond0, fib._t4, fib._t6, fib._t7
+  0 fib/entry:
+    fib._cond0 = primitive(fib.n) { _cond0 = __tab_ops__.truthy(n <= 1) }
+    branch fib._cond0 ? fib/then1 : fib/endif3
+  1 fib/then1:
+    fib._result = primitive(fib.n) { _result = n }
+    return
+  2 fib/endif3:
+    fib._t4 = primitive(fib.n) { _t4 = n - 1 }
+    push fib.n
+    fib.n = move(fib._t4)
+    pushjump fib/entry, return to fib/endif3.1
+  3 fib/endif3.1:
+    fib._t5 = move(fib._result)
+    pop fib.n
+    fib._t6 = primitive(fib.n) { _t6 = n - 2 }
+    push fib._t5
+    fib.n = move(fib._t6)
+    pushjump fib/entry, return to fib/endif3.1.2
+  4 fib/endif3.1.2:
+    fib._t7 = move(fib._result)
+    pop fib._t5
+    fib._result = primitive(fib._t5, fib._t7) { _result = _t5 + _t7 }
+    return"""
+
+
+def test_golden_fib():
+  assert str(pipeline.stack_program(fib, INT)) == FIB_IR2
+
+
+LOOP_IR2 = """\
+program(count_down.n) -> count_down._result  [halt = 4; stacks with cached top]
+  stacked:     -
+  registers:   count_down._result, count_down.n, count_down.total
+  temporaries: count_down._cond1
+  0 count_down/entry:
+    count_down.total = primitive() { total = 0 }
+    jump count_down/while0
+  1 count_down/while0:
+    count_down._cond1 = primitive(count_down.n) { _cond1 = __tab_ops__.truthy(n > 0) }
+    branch count_down._cond1 ? count_down/body2 : count_down/endloop3
+  2 count_down/body2:
+    count_down.total, count_down.n = primitive(count_down.total, count_down.n) { total += n; n -= 1 }
+    jump count_down/while0
+  3 count_down/endloop3:
+    count_down._result = primitive(count_down.total) { _result = total }
+    return"""
+
+
+def test_golden_loop_has_no_variable_stacks():
+  program = pipeline.stack_program(count_down, INT)
+  assert program.stacked == frozenset()
+  assert str(program) == LOOP_IR2
+
+
+def test_ir_level_2_through_the_api():
+  fib(np.array([3, 4], np.int32), backend="pc:graph")
+  assert str(fib.ir(level=2)) == FIB_IR2
+
+
+# -- one test per optimisation: its effect on the printed program, and the
+#    results do not change.
+
+
+def _count(program, kind):
+  return sum(isinstance(op, kind) for b in program.blocks for op in b.ops)
+
+
+def test_opt1_per_variable_caller_saves():
+  naive = lower.lower_to_stack_program(_typed(fib), save="all")
+  live = lower.lower_to_stack_program(_typed(fib), save="live")
+  assert "push fib._cond0" in str(naive)        # saves every variable
+  assert "push fib._cond0" not in str(live)     # saves only live ones
+  assert _count(live, ir2.Push) == 2 < _count(naive, ir2.Push)
+  n = np.arange(8)
+  want = [_fib_np(i) for i in n]
+  np.testing.assert_array_equal(_run(naive, n), want)
+  np.testing.assert_array_equal(_run(live, n), want)
+
+
+def test_opt2_temporaries():
+  before = lower.lower_to_stack_program(_typed(fib))
+  after = stack_optimize.find_temporaries(before)
+  assert "temporaries: -" in str(before)
+  assert ("temporaries: fib._cond0, fib._t4, fib._t6, fib._t7"
+          in str(after))
+  n = np.arange(7)
+  np.testing.assert_array_equal(_run(before, n), _run(after, n))
+
+
+def test_opt3_no_stack_without_recursion():
+  before = lower.lower_to_stack_program(_typed(sum_squares))
+  after = stack_optimize.drop_unclobbered_saves(before)
+  assert "push sum_squares.n" in str(before)
+  assert "stacked:     sum_squares.a, sum_squares.n" in str(before)
+  assert "stacked:     -" in str(after)
+  assert _count(after, ir2.Push) == _count(after, ir2.Pop) == 0
+  n = np.arange(-3, 5)
+  want = n * n + (n + 1) * (n + 1) + n
+  np.testing.assert_array_equal(_run(before, n), want)
+  np.testing.assert_array_equal(_run(after, n), want)
+
+
+def test_opt4_cached_top():
+  before = stack_optimize.find_temporaries(stack_optimize.drop_unclobbered_saves(
+      lower.lower_to_stack_program(_typed(fib))))
+  after = stack_optimize.cache_stack_tops(before)
+  assert "stacks with top in the stack" in str(before)
+  assert "stacks with cached top" in str(after)
+  n = np.arange(9)
+  want = [_fib_np(i) for i in n]
+  np.testing.assert_array_equal(_run(before, n), want)
+  np.testing.assert_array_equal(_run(after, n), want)
+
+
+def test_opt5_pop_push_becomes_update():
+  two_ints = INT * 2
+  before = stack_optimize.drop_unclobbered_saves(
+      lower.lower_to_stack_program(_typed(tree, two_ints)))
+  after = stack_optimize.fuse_pop_push(before)
+  assert "update" not in str(before)
+  assert "    update tree.depth\n" in str(after)
+  assert _count(after, ir2.Push) == _count(before, ir2.Push) - 1
+  h, d = np.array([0, 1, 2, 3, 4]), np.array([0, 2, 1, 0, 3])
+  want = [_tree_np(a, b) for a, b in zip(h, d)]
+  np.testing.assert_array_equal(_run(before, h, d), want)
+  np.testing.assert_array_equal(_run(after, h, d), want)
+
+
+# -- the VM through the public API.
+
+
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
+def test_no_retracing_on_new_values(backend):
+  x = np.array([5, 9, 2, 0], np.int32)
+  fib(x, backend=backend)
+  runtime = pipeline.runtime(fib, INT, backend)
+  traces = runtime.trace_count
+  fib(x + 1, backend=backend)
+  fib(x[:3], backend=backend)    # the batch dimension is not in the signature
+  assert runtime.trace_count == traces == 1
+  np.testing.assert_array_equal(fib(x, backend=backend),
+                                [_fib_np(i) for i in x])
+
+
+def test_stats():
+  fib(np.array([6, 1, 3], np.int32), backend="pc:graph")
+  stats = fib.last_stats
+  assert stats.batch_size == 3
+  assert stats.steps == sum(stats.block_executions.values()) > 0
+  assert stats.max_stack_depth == 6
+  assert 0 < stats.utilization <= 1
+
+
+def test_most_waiting_schedule():
+  program = pipeline.stack_program(fib, INT)
+  runtime = pc_vm.PcVmRuntime(program, 16, mode="graph",
+                              schedule="most_waiting")
+  n = np.arange(10)
+  got = runtime.run([tf.constant(n, tf.int32)], None)
+  np.testing.assert_array_equal(got, [_fib_np(i) for i in n])
+
+
+def test_inside_user_xla_function_with_unknown_batch():
+  @tf.function(jit_compile=True,
+               input_signature=[tf.TensorSpec([None], tf.int32)])
+  def user(n):
+    return fib(n, backend="pc:xla") * 2
+
+  n = np.array([7, 0, 3, 10, 1], np.int32)
+  np.testing.assert_array_equal(user(n), [2 * _fib_np(i) for i in n])
+  np.testing.assert_array_equal(user(n[:2]), [2 * _fib_np(i) for i in n[:2]])
+
+
+def test_pc_graph_inside_user_graph_with_unknown_batch():
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
+  def user(n):
+    return fib(n, backend="pc:graph")
+
+  n = np.array([7, 0, 3], np.int32)
+  np.testing.assert_array_equal(user(n), [_fib_np(i) for i in n])
+
+
+# -- stack overflow: never a silently wrong answer.
+
+@tab.batch(max_stack_depth=4)
+def shallow_fib(n):
+  if n <= 1:
+    return n
+  return shallow_fib(n - 1) + shallow_fib(n - 2)
+
+
+@pytest.mark.parametrize("backend", ["pc:eager", "pc:graph", "pc:xla"])
+def test_overflow_raises_when_called_eagerly(backend):
+  with pytest.raises(tab.StackOverflowError, match="max_stack_depth=4"):
+    shallow_fib(np.array([2, 6], np.int32), backend=backend)
+  # Within the limit it works (depth 4 frames: n <= 4).
+  np.testing.assert_array_equal(
+      shallow_fib(np.array([4, 2], np.int32), backend=backend), [3, 1])
+
+
+def test_overflow_inside_user_graph_fails_the_graph():
+  @tf.function
+  def user(n):
+    return shallow_fib(n, backend="pc:graph")
+
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="stack depth exceeded"):
+    user(tf.constant([2, 6], tf.int32))
+
+
+def test_overflow_inside_user_xla_poisons_the_members():
+  @tf.function(jit_compile=True)
+  def user(n):
+    return shallow_fib(n, backend="pc:xla")
+
+  got = user(tf.constant([2, 6, 4], tf.int32)).numpy()
+  assert got.tolist() == [1, np.iinfo(np.int32).min, 3]
+
+
+# -- push / pop / update against a list-of-stacks model.
+
+Z, D = 3, 5
+
+
+def _stub(cached_top):
+  program = pytypes.SimpleNamespace(stacked=frozenset(["v"]),
+                                    cached_top=cached_top)
+  return pytypes.SimpleNamespace(program=program, depth=D)
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["push", "pop", "update", "write"]),
+                          st.lists(st.booleans(), min_size=Z, max_size=Z),
+                          st.lists(st.integers(-99, 99), min_size=Z,
+                                   max_size=Z)),
+                max_size=12)
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(ops=_ops, cached_top=st.booleans())
+def test_stack_ops_match_list_model(ops, cached_top):
+  vm = _stub(cached_top)
+  cls = pc_vm.PcVmRuntime
+  current = [0] * Z
+  saved = [[] for _ in range(Z)]
+  store = {"stack": tf.zeros([D, Z], tf.int32), "sp": tf.zeros([Z], tf.int32)}
+  if cached_top:
+    store["top"] = tf.zeros([Z], tf.int32)
+  for kind, mask, values in ops:
+    # Keep to the members for which the op is legal.
+    if kind == "push":
+      mask = [m and len(saved[i]) < D - 1 for i, m in enumerate(mask)]
+    if kind in ("pop", "update"):
+      mask = [m and bool(saved[i]) for i, m in enumerate(mask)]
+    m = tf.constant(mask)
+    value = tf.constant(values, tf.int32)
+    match kind:
+      case "push":
+        store = cls._push(vm, store, "v", value, m)
+      case "write":
+        store = cls._write(vm, store, "v", value, m)
+      case "pop" | "update":
+        store, _ = cls._pop(vm, store, "v", m, keep=kind == "update")
+    for i in range(Z):
+      if not mask[i]:
+        continue
+      match kind:
+        case "push":
+          saved[i].append(values[i])
+          current[i] = values[i]
+        case "write":
+          current[i] = values[i]
+        case "pop":
+          current[i] = saved[i].pop()
+        case "update":
+          current[i] = saved[i][-1]
+    assert cls._value(vm, store, "v").numpy().tolist() == current
+    sp = store["sp"].numpy()
+    assert sp.tolist() == [len(s) for s in saved]
+    stack = store["stack"].numpy()
+    for i in range(Z):
+      assert stack[:len(saved[i]), i].tolist() == saved[i]
