@@ -3,7 +3,7 @@ import contextlib
 import contextvars
 
 _DEFAULT_BACKEND = contextvars.ContextVar("tfp_autobatch_default_backend",
-                                          default="local:eager_xla")
+                                          default="pc:xla")
 
 
 def current_default_backend():
