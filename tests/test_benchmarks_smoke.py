@@ -1,0 +1,106 @@
+"""Smoke test of `benchmarks.programs` at tiny sizes: it runs and reports.
+
+No timing is asserted: only that every system runs (or is skipped with a
+reason), gets the right answers, and that the JSON has its fields with
+positive values.
+"""
+import json
+import os
+
+import pytest
+
+from benchmarks import programs as bench
+
+# Small inputs keep the test fast; the programs still recurse and loop.
+TINY_RANGES = {"fib": (3, 8), "collatz": (1, 30)}
+NOT_A_BACKEND = "pc:not_a_backend"
+RECORD_FIELDS = ("program", "system", "batch_size", "examples_per_sec",
+                 "first_call_sec", "seconds_per_call", "times_sec", "correct",
+                 "repeats", "calls_per_run", "examples_timed", "extrapolated")
+MACHINE_FIELDS = ("cpu_model", "cpu_count", "usable_cores", "tensorflow",
+                  "tensorflow_probability", "date")
+
+
+def _ours_available():
+  return bench.TAB_ERROR is None
+
+
+@pytest.mark.slow  # ~15-30 s each: XLA compilations at two batch sizes
+@pytest.mark.parametrize("program", bench.PROGRAMS)
+def test_benchmark_runs_every_system(program, tmp_path):
+  output = str(tmp_path / "programs.json")
+  plot_path = str(tmp_path / "programs.png")
+  systems = tuple(bench.DEFAULT_SYSTEMS) + (NOT_A_BACKEND,)
+  bench.benchmark(programs=(program,), systems=systems, batch_sizes=(1, 2),
+                  repeats=1, seed=0, output=output, plot_path=plot_path,
+                  progress=False, ranges=TINY_RANGES, python_loop_cap=2,
+                  min_run_sec=0.0, max_call_sec=120.0)
+
+  with open(output) as f:
+    payload = json.load(f)
+  for key in MACHINE_FIELDS:
+    assert key in payload["machine"], key
+  assert payload["config"]["input_ranges"][program] == list(
+      TINY_RANGES[program])
+
+  records = payload["records"]
+  for r in records:
+    for key in RECORD_FIELDS:
+      assert key in r, (key, r)
+    assert r["program"] == program
+    assert r["examples_per_sec"] > 0, r
+    assert r["first_call_sec"] > 0, r
+    assert r["seconds_per_call"] > 0, r
+    assert all(t > 0 for t in r["times_sec"]), r
+    assert r["correct"], r
+
+  skipped = {s["system"]: s for s in payload["skipped"]}
+  assert NOT_A_BACKEND in skipped
+  assert "not in tfp_autobatch.BACKENDS" in skipped[NOT_A_BACKEND]["reason"] \
+      or not _ours_available()
+
+  expected = [s for s in bench.DEFAULT_SYSTEMS
+              if _ours_available() or s.startswith("tfp_reference:")]
+  for system in expected:
+    sizes = sorted(r["batch_size"] for r in records if r["system"] == system)
+    assert sizes == [1, 2], (system, sizes, skipped.get(system))
+  for system in bench.DEFAULT_SYSTEMS:
+    if system not in expected:
+      assert system in skipped, system
+  assert os.path.getsize(plot_path) > 0
+
+
+def test_tables_format():
+  records = [
+      {"program": "fib", "system": "pc:xla", "batch_size": 4,
+       "examples_per_sec": 1000.0, "first_call_sec": 2.0, "correct": True},
+      {"program": "fib", "system": "tfp_reference:xla", "batch_size": 4,
+       "examples_per_sec": 500.0, "first_call_sec": 1.0, "correct": True},
+      {"program": "fib", "system": "python_loop", "batch_size": 4,
+       "examples_per_sec": 5.0, "first_call_sec": 0.5, "correct": True,
+       "extrapolated": True},
+  ]
+  table = bench.format_table(records)
+  assert "pc:xla" in table and "1,000 (2.00s)" in table
+  assert "5 (0.50s)*" in table
+  ratios = bench.format_ratios(records)
+  assert "pc:xla / tfp_reference:xla" in ratios and "2.00x" in ratios
+
+
+def test_command_line_flags(tmp_path, capsys):
+  """The absl flags parse and drive the run; unknown systems are skipped."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  output = str(tmp_path / "cli.json")
+  fv = bench.define_flags(flags.FlagValues())
+  fv(["programs", "--programs=collatz",
+      "--backends=tfp_reference:graph,{}".format(NOT_A_BACKEND),
+      "--batch_sizes=2,1", "--repeats=1", "--collatz_range=1,10",
+      "--min_run_sec=0", "--progress=false", "--output=" + output])
+  bench.run_from_flags(fv)
+  assert NOT_A_BACKEND in capsys.readouterr().out
+  with open(output) as f:
+    payload = json.load(f)
+  assert [r["batch_size"] for r in payload["records"]] == [1, 2]
+  assert all(r["examples_per_sec"] > 0 and r["correct"]
+             for r in payload["records"])
+  assert payload["config"]["input_ranges"]["collatz"] == [1, 10]
