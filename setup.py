@@ -17,7 +17,9 @@ setuptools.setup(
         "gast>=0.5",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
+                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+                 "matplotlib>=3.8"],
         "bench": ["matplotlib>=3.8", "tqdm>=4.66"],
     },
 )

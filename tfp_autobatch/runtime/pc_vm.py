@@ -25,6 +25,8 @@ dtype's minimum for integers, False for booleans) and a `tf.debugging.Assert`
 fails the graph; under the user's XLA, which drops asserts, the poisoned rows
 are what remains.
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -123,7 +125,9 @@ class PcVmRuntime:
       signature = [tf.nest.map_structure(lambda t: t.spec((None,)),
                                          program.types[v])
                    for v in program.params]
-      self._compiled = tf.function(self._traced, jit_compile=mode == "xla",
+      # A partial: TF's retracing detector would count all VMs as one function.
+      self._compiled = tf.function(functools.partial(self._traced),
+                                   jit_compile=mode == "xla",
                                    input_signature=signature, autograph=False)
 
   # -- the public interface shared with LocalStaticRuntime -------------------
