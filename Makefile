@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test test-nightly clean
 
 venv: $(STAMP)
 
@@ -20,8 +20,13 @@ $(STAMP): setup.py
 demo: venv
 	$(PY) -m benchmarks.demo $(ARGS)
 
+# Everything but the few statistical tests that take minutes each (CI).
 test: venv
-	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -n 2 -q -m "not nightly" $(PYTEST_ARGS) tests
+
+# The long statistical NUTS checks (posteriordb, moments and R-hat).
+test-nightly: venv
+	$(PY) -m pytest -n 2 -q -m nightly $(PYTEST_ARGS) tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

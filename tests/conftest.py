@@ -17,3 +17,6 @@ if _TESTS_DIR not in sys.path:
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: takes more than ~10 s; deselect with -m 'not slow'")
+  config.addinivalue_line(
+      "markers", "nightly: takes minutes; `make test` leaves it out, "
+      "`make test-nightly` runs it")

@@ -116,20 +116,19 @@ def test_golden_fib():
 
 
 LOOP_IR2 = """\
-program(count_down.n) -> count_down._result  [halt = 4; stacks with cached top]
+program(count_down.n) -> count_down._result  [halt = 3; stacks with cached top]
   stacked:     -
   registers:   count_down._result, count_down.n, count_down.total
   temporaries: count_down._cond1
   0 count_down/entry:
     count_down.total = primitive() { total = 0 }
-    jump count_down/while0
-  1 count_down/while0:
     count_down._cond1 = primitive(count_down.n) { _cond1 = __tab_ops__.truthy(n > 0) }
     branch count_down._cond1 ? count_down/body2 : count_down/endloop3
-  2 count_down/body2:
+  1 count_down/body2:
     count_down.total, count_down.n = primitive(count_down.total, count_down.n) { total += n; n -= 1 }
-    jump count_down/while0
-  3 count_down/endloop3:
+    count_down._cond1 = primitive(count_down.n) { _cond1 = __tab_ops__.truthy(n > 0) }
+    branch count_down._cond1 ? count_down/body2 : count_down/endloop3
+  2 count_down/endloop3:
     count_down._result = primitive(count_down.total) { _result = total }
     return"""
 

@@ -45,6 +45,7 @@ class BatchedFunction:
   def __repr__(self):
     return f"<tab.batch {self.python_function.__qualname__}>"
 
+  @tf.autograph.experimental.do_not_convert
   def __call__(self, *args, backend=None):
     if _UNBATCHED.get():
       return self.python_function(*args)
@@ -135,6 +136,10 @@ class BatchedPrimitive:
     functools.update_wrapper(self, fn)
 
   def __call__(self, *args):
+    if _UNBATCHED.get():   # one example: give it (and take away) a batch dim
+      batched = [tf.nest.map_structure(lambda x: tf.expand_dims(x, 0), a)
+                 for a in args]
+      return tf.nest.map_structure(lambda x: x[0], self.fn(*batched))
     if vectorize.inside_vectorized_code.get():
       raise errors.ConversionError(
           f"batched primitive {self.fn.__name__} was called from single-"

@@ -14,6 +14,7 @@ from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import infer_types
+from tfp_autobatch.passes import tail_duplicate
 from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import stack_optimize
 
@@ -61,8 +62,10 @@ def typed_program(entry, arg_types):
   key = (entry, tuple(arg_types))
   if key not in _TYPED:
     program = convert_program(entry)
-    _TYPED[key] = _checked(infer_types.infer_types(program, arg_types),
-                           "infer_types")
+    program = _checked(infer_types.infer_types(program, arg_types),
+                       "infer_types")
+    _TYPED[key] = _checked(tail_duplicate.tail_duplicate(program),
+                           "tail_duplicate")
   return _TYPED[key]
 
 

@@ -35,7 +35,7 @@ from tfp_autobatch.ir import ir2
 from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import vectorize
 
-SCHEDULES = ("lowest_pc", "most_waiting")
+SCHEDULES = ("lowest_pc", "most_waiting", "crowded_lowest_pc")
 
 
 def _index(stack, sp):
@@ -100,7 +100,10 @@ class PcVmRuntime:
     program: the IR-2 program (`pipeline.stack_program_of`).
     max_stack_depth: D, the frames a member may have (entry included).
     mode: "eager" (Python loop, for debugging), "graph" or "xla".
-    schedule: "lowest_pc" (the paper's) or "most_waiting".
+    schedule: "lowest_pc" (the paper's), "most_waiting", or
+      "crowded_lowest_pc" (the backends' default: the lowest block holding
+      at least half as many members as the most crowded one; measured on
+      fib, collatz and NUTS it is as good as the best of the other two).
   """
 
   def __init__(self, program, max_stack_depth, mode="graph",
@@ -199,6 +202,15 @@ class PcVmRuntime:
     if self.schedule == "lowest_pc":
       return tf.reduce_min(tf.concat([pc_top, [halt]], 0))
     counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
+    if self.schedule == "crowded_lowest_pc":
+      # The lowest block holding at least half as many members as the most
+      # crowded one: keeps lowest-pc's depth-first recursion, but does not
+      # starve a crowded block behind a loop that a few members keep taking.
+      crowded = tf.logical_and(counts > 0,
+                               2 * counts >= tf.reduce_max(counts))
+      return tf.where(tf.reduce_any(crowded),
+                      tf.cast(tf.argmax(tf.cast(crowded, tf.int32)), tf.int32),
+                      halt)
     return tf.where(tf.reduce_max(counts) > 0,
                     tf.cast(tf.argmax(counts), tf.int32), halt)
 

@@ -1,0 +1,353 @@
+"""`NoUTurnSampler`: a drop-in `tfp.mcmc.TransitionKernel` over `nuts/tree.py`.
+
+    kernel = nuts.NoUTurnSampler(target_log_prob_fn, step_size=0.1)
+    # instead of tfp.mcmc.NoUTurnSampler(target_log_prob_fn, step_size=0.1)
+
+Chains are the leading dimensions of the state (as many as the rank of
+`target_log_prob_fn`'s result); the state is one tensor or a list of them.
+The kernel flattens each chain's state parts into one [d] vector, runs the
+single-chain NUTS program of `nuts/tree.py` batched over the chains by
+`tfp_autobatch`, and reshapes back. The user's `target_log_prob_fn` is called
+on batches of chains (the active ones) through a `@tab.batched_primitive`,
+with gradients from `tf.GradientTape`.
+
+Limitation: the chains are flattened to one batch dimension and the target is
+called on subsets of them, so `target_log_prob_fn` must treat every chain
+alike (broadcast over the leading dimensions), as almost every target does;
+a target whose parameters differ per chain is not supported.
+"""
+import collections
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import tfp_autobatch as tab
+from nuts import tree
+
+__all__ = ["NoUTurnSampler", "NUTSKernelResults"]
+
+NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
+    "target_log_prob",        # [chains]
+    "grads_target_log_prob",  # like the state
+    "step_size",              # as given / as written by adaptation kernels
+    "log_accept_ratio",       # [chains] log mean acceptance statistic
+    "leapfrogs_taken",        # [chains] leapfrog steps (all trajectories)
+    "is_accepted",            # [chains] the last trajectory moved
+    "reach_max_depth",        # [chains] some trajectory hit max_tree_depth
+    "has_divergence",         # [chains] some trajectory diverged
+    "energy",                 # [chains] Hamiltonian at the sampled state
+    "seed",                   # [2] int32, the seed this step used
+    # Gradient utilisation of the batched call: useful gradients (the sum of
+    # leapfrogs_taken) over the gradients the batch computed. Run eagerly,
+    # "computed" is exact: chains x leapfrogs per leaf x batched leaf calls,
+    # from the backend's block counts (also in `kernel.last_run_stats`).
+    # Inside tf.function those counts are not available and "computed" is
+    # the ideal of a schedule that synchronises chains only at the end of
+    # the call (chains x the longest chain's leapfrogs): trajectory fusion
+    # (num_trajectories_per_step=k) lets pc backends approach it; local
+    # backends synchronise at every trajectory and do not.
+    "num_grads_computed",     # [] int32
+    "gradient_utilization",   # [] float
+])
+
+
+class NoUTurnSampler(tfp.mcmc.TransitionKernel):
+  """The No-U-Turn Sampler, recursive and batched over chains.
+
+  Multinomial trajectory sampling with biased progressive sampling at the top
+  level and the generalized U-turn criterion (with Stan's seam checks), as in
+  Stan and `tfp.mcmc.NoUTurnSampler` (see `nuts/tree.py`).
+
+  Args:
+    target_log_prob_fn: batch-aware log density, called as
+      `target_log_prob_fn(*state_parts)` (or on the single state tensor).
+    step_size: a scalar, one per state part, or anything broadcastable to the
+      state parts (e.g. per chain, shape [chains, 1]). Adaptation kernels
+      overwrite it in the kernel results; `one_step` reads it from there.
+    max_tree_depth: at most 2**max_tree_depth - 1 leapfrog steps (times
+      `unrolled_leapfrog_steps`) per trajectory.
+    unrolled_leapfrog_steps: leapfrog steps in each tree leaf.
+    num_trajectories_per_step: NUTS trajectories per `one_step`, run inside
+      one batched program (trajectory fusion): a chain that finishes a short
+      trajectory starts its next one instead of waiting for the others.
+    backend: a `tfp_autobatch` backend. "pc:graph"/"pc:xla" work inside
+      `tf.function`; the "local:*" backends only eagerly.
+    name: a name for the kernel.
+  """
+
+  def __init__(self, target_log_prob_fn, step_size, max_tree_depth=10,
+               unrolled_leapfrog_steps=1, num_trajectories_per_step=1,
+               backend="pc:xla", name=None):
+    if not callable(target_log_prob_fn):
+      raise TypeError("NoUTurnSampler needs a callable target_log_prob_fn, "
+                      f"got {target_log_prob_fn!r}")
+    for arg, value in (("max_tree_depth", max_tree_depth),
+                       ("unrolled_leapfrog_steps", unrolled_leapfrog_steps),
+                       ("num_trajectories_per_step",
+                        num_trajectories_per_step)):
+      if int(value) != value or int(value) < 1:
+        raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+    if backend not in tab.BACKENDS:
+      raise tab.UnknownBackendError(
+          f"unknown backend {backend!r}; choose one of "
+          f"{', '.join(tab.BACKENDS)}")
+    self._parameters = dict(
+        target_log_prob_fn=target_log_prob_fn, step_size=step_size,
+        max_tree_depth=int(max_tree_depth),
+        unrolled_leapfrog_steps=int(unrolled_leapfrog_steps),
+        num_trajectories_per_step=int(num_trajectories_per_step),
+        backend=backend, name=name)
+    self._programs = {}
+    self.last_run_stats = None
+
+  # -- properties -------------------------------------------------------------
+
+  @property
+  def parameters(self):
+    return self._parameters
+
+  @property
+  def target_log_prob_fn(self):
+    return self._parameters["target_log_prob_fn"]
+
+  @property
+  def step_size(self):
+    return self._parameters["step_size"]
+
+  @property
+  def max_tree_depth(self):
+    return self._parameters["max_tree_depth"]
+
+  @property
+  def unrolled_leapfrog_steps(self):
+    return self._parameters["unrolled_leapfrog_steps"]
+
+  @property
+  def num_trajectories_per_step(self):
+    return self._parameters["num_trajectories_per_step"]
+
+  @property
+  def backend(self):
+    return self._parameters["backend"]
+
+  @property
+  def name(self):
+    return self._parameters["name"]
+
+  @property
+  def is_calibrated(self):
+    return True
+
+  # -- state layout -----------------------------------------------------------
+
+  def _call_target(self, parts, is_list):
+    return self.target_log_prob_fn(*parts) if is_list else (
+        self.target_log_prob_fn(parts[0]))
+
+  def _value_and_grads(self, parts, is_list):
+    with tf.GradientTape() as tape:
+      tape.watch(parts)
+      logp = self._call_target(parts, is_list)
+    grads = tape.gradient(logp, parts)
+    grads = [tf.zeros_like(p) if g is None else g
+             for p, g in zip(parts, grads)]
+    return logp, grads
+
+  def _program(self, layout):
+    """The batched NUTS program for a state layout (built once, cached)."""
+    if layout in self._programs:
+      return self._programs[layout]
+    event_shapes, is_list = layout
+    sizes = [int(np.prod(s)) for s in event_shapes]
+
+    @tab.batched_primitive
+    def logp_and_grad(flat_q):
+      single = flat_q.shape.rank == 1   # run_unbatched passes one chain
+      if single:
+        flat_q = flat_q[tf.newaxis]
+      parts = [tf.reshape(x, [-1] + list(s)) for x, s in
+               zip(tf.split(flat_q, sizes, axis=-1), event_shapes)]
+      logp, grads = self._value_and_grads(parts, is_list)
+      flat_g = tf.concat([tf.reshape(g, [-1, k]) for g, k in
+                          zip(grads, sizes)], axis=-1)
+      logp = tf.reshape(logp, [-1])
+      if single:
+        return logp[0], flat_g[0]
+      return logp, flat_g
+
+    program = tree.make_program(
+        logp_and_grad, self.max_tree_depth, self.unrolled_leapfrog_steps,
+        self.num_trajectories_per_step)
+    self._programs[layout] = (program, logp_and_grad)
+    return self._programs[layout]
+
+  # -- the kernel -------------------------------------------------------------
+
+  # Autograph must not rewrite these: the batched program is converted by
+  # tfp_autobatch itself (see the report on autograph + @tab.batch).
+  @tf.autograph.experimental.do_not_convert
+  def bootstrap_results(self, init_state):
+    parts, is_list = _as_parts(init_state)
+    logp, grads = self._value_and_grads(parts, is_list)
+    _check_finite_start(logp)
+    step_size = self.step_size
+    _check_step_size(step_size, parts, logp.shape.rank)
+    zeros = tf.zeros_like(logp)
+    false = tf.zeros(tf.shape(logp), tf.bool)
+    return NUTSKernelResults(
+        target_log_prob=logp,
+        grads_target_log_prob=grads if is_list else grads[0],
+        step_size=tf.nest.map_structure(
+            lambda s: tf.convert_to_tensor(s, logp.dtype), step_size),
+        log_accept_ratio=zeros,
+        leapfrogs_taken=tf.zeros(tf.shape(logp), tf.int32),
+        is_accepted=false, reach_max_depth=false, has_divergence=false,
+        energy=-logp,
+        seed=tf.zeros([2], tf.int32),
+        num_grads_computed=tf.constant(0, tf.int32),
+        gradient_utilization=tf.constant(1., logp.dtype))
+
+  @tf.autograph.experimental.do_not_convert
+  def one_step(self, current_state, previous_kernel_results, seed=None):
+    parts, is_list = _as_parts(current_state)
+    seed = tfp.random.sanitize_seed(seed)
+    results = previous_kernel_results
+    chain_ndims = results.target_log_prob.shape.rank
+    if chain_ndims is None:
+      raise ValueError("the rank of target_log_prob must be known")
+    chain_shape = tf.shape(results.target_log_prob)
+    num_chains = tf.reduce_prod(chain_shape)
+    event_shapes = tuple(tuple(int(d) for d in p.shape[chain_ndims:])
+                         for p in parts)
+    dtype = parts[0].dtype
+    for p in parts:
+      if p.dtype != dtype:
+        raise TypeError("all state parts must share one float dtype, got "
+                        f"{[q.dtype.name for q in parts]}")
+    (nuts_steps, _, _, _), _ = self._program((event_shapes, is_list))
+
+    sizes = [int(np.prod(s)) for s in event_shapes]
+
+    def flat(xs):
+      return tf.concat([tf.reshape(x, [num_chains, k])
+                        for x, k in zip(xs, sizes)], -1)
+
+    grads = results.grads_target_log_prob
+    grads = list(grads) if is_list else [grads]
+    step = flat(_broadcast_step_size(results.step_size, parts, chain_ndims))
+    chain_seeds = tf.stack([
+        tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
+        tf.range(num_chains, dtype=tf.int32)], axis=-1)
+    out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
+                                             [num_chains]),
+                     flat(grads), step, chain_seeds, backend=self.backend)
+    self.last_run_stats = stats = (nuts_steps.last_stats
+                                   if tf.executing_eagerly() else None)
+
+    def unflat(x):
+      return [tf.reshape(v, tf.concat([chain_shape, s], 0))
+              for v, s in zip(tf.split(x, sizes, axis=-1), event_shapes)]
+
+    def per_chain(x):
+      return tf.reshape(x, chain_shape)
+
+    new_parts, new_grads = unflat(out.q), unflat(out.grad)
+    useful = tf.reduce_sum(out.num_leapfrogs)
+    if stats is not None and "leaf/entry" in stats.block_executions:
+      # Run eagerly: the backend counted the batched leaf calls exactly.
+      computed = tf.constant(stats.batch_size * self.unrolled_leapfrog_steps
+                             * stats.block_executions["leaf/entry"], tf.int32)
+    else:
+      computed = tf.cast(num_chains, tf.int32) * tf.reduce_max(
+          out.num_leapfrogs)
+    new_results = NUTSKernelResults(
+        target_log_prob=per_chain(out.logp),
+        grads_target_log_prob=new_grads if is_list else new_grads[0],
+        step_size=results.step_size,
+        log_accept_ratio=per_chain(out.log_accept_ratio),
+        leapfrogs_taken=per_chain(out.num_leapfrogs),
+        is_accepted=per_chain(out.is_accepted),
+        reach_max_depth=per_chain(out.reach_max_depth),
+        has_divergence=per_chain(out.divergent),
+        energy=per_chain(out.energy),
+        seed=seed,
+        num_grads_computed=computed,
+        gradient_utilization=tf.cast(useful, dtype) / tf.cast(
+            tf.maximum(computed, 1), dtype))
+    return (new_parts if is_list else new_parts[0]), new_results
+
+
+# -- input handling -------------------------------------------------------------
+
+def _as_parts(state):
+  is_list = isinstance(state, (list, tuple))
+  parts = [tf.convert_to_tensor(s) for s in (state if is_list else [state])]
+  for p in parts:
+    if not p.dtype.is_floating:
+      raise TypeError(f"NUTS states must be floating point, got {p.dtype.name}")
+  return parts, is_list
+
+
+def _check_finite_start(logp):
+  if not tf.executing_eagerly():
+    return
+  bad = ~np.isfinite(np.asarray(logp))
+  if bad.any():
+    chains = [tuple(int(i) for i in idx) if len(idx) != 1 else int(idx[0])
+              for idx in np.argwhere(bad)]
+    values = np.asarray(logp)[bad]
+    raise ValueError(
+        "target_log_prob_fn is not finite at the initial state of chain(s) "
+        f"{chains[:10]}{' ...' if len(chains) > 10 else ''} (values "
+        f"{values[:10].tolist()}); start those chains inside the support")
+
+
+def _step_parts(step_size, num_parts):
+  if isinstance(step_size, (list, tuple)):
+    if len(step_size) != num_parts:
+      raise ValueError(f"got {len(step_size)} step sizes for a state of "
+                       f"{num_parts} parts")
+    return list(step_size)
+  return [step_size] * num_parts
+
+
+def _broadcast_step_size(step_size, parts, chain_ndims):
+  """Step size per state part, broadcast to the part's full shape."""
+  out = []
+  for i, (s, p) in enumerate(zip(_step_parts(step_size, len(parts)), parts)):
+    if isinstance(s, tf.Tensor) and s.dtype.is_floating and s.dtype != p.dtype:
+      raise TypeError(f"step size for state part {i} has dtype "
+                      f"{s.dtype.name}, the state {p.dtype.name}")
+    s = tf.convert_to_tensor(s, p.dtype)
+    event_ndims = p.shape.rank - chain_ndims
+    if (s.shape.rank == chain_ndims and event_ndims > 0 and chain_ndims > 0
+        and s.shape == p.shape[:chain_ndims]
+        and not _broadcastable(s.shape, p.shape)):
+      s = tf.reshape(s, s.shape.as_list() + [1] * event_ndims)  # per chain
+    if not _broadcastable(s.shape, p.shape):
+      raise ValueError(f"step size of shape {s.shape} does not broadcast to "
+                       f"state part {i} of shape {p.shape}; use a scalar, one "
+                       "per part, or a shape broadcastable to the part "
+                       "(per chain: [chains] or [chains, 1, ...])")
+    out.append(tf.broadcast_to(s, tf.shape(p)))
+  return out
+
+
+def _broadcastable(small, big):
+  if small.rank is None or big.rank is None:
+    return True
+  if small.rank > big.rank:
+    return False
+  for a, b in zip(reversed(small.as_list()), reversed(big.as_list())):
+    if a not in (1, None) and b is not None and a != b:
+      return False
+  return True
+
+
+def _check_step_size(step_size, parts, chain_ndims):
+  for s in tf.nest.flatten(step_size):
+    dtype = getattr(s, "dtype", None)
+    if dtype is not None and not tf.as_dtype(dtype).is_floating:
+      raise TypeError(f"step size must be floating point, got {dtype}")
+  _broadcast_step_size(step_size, parts, chain_ndims)

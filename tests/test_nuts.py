@@ -1,0 +1,297 @@
+"""Exactness, drop-in and error tests of the recursive NUTS kernel (`nuts/`).
+
+Exactness tests are deterministic (fixed seeds, float64) and compare to
+floating-point tolerance: false-failure rate 0. The random-generator tests are
+statistical with fixed seeds; each states its false-failure rate.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import nuts
+import tfp_autobatch as tab
+from nuts import random as nuts_random
+from nuts import reference_numpy
+
+tfb = tfp.bijectors
+
+A = np.array([[2., 0.5, 0.], [0.5, 1., 0.2], [0., 0.2, 0.5]])   # precision
+
+
+def gaussian_log_prob(x):
+  return -0.5 * tf.einsum("...i,ij,...j->...", x, tf.constant(A, x.dtype), x)
+
+
+def numpy_logp_and_grad(q):
+  return -0.5 * q @ A @ q, -A @ q
+
+
+EAGER = "local:eager"
+
+
+def ks_passes(samples, cdf, alpha):
+  """Kolmogorov-Smirnov: False with probability ~alpha under the null."""
+  x = np.sort(samples)
+  n = len(x)
+  f = cdf(x)
+  d = max(np.max(np.arange(1, n + 1) / n - f), np.max(f - np.arange(n) / n))
+  return d < np.sqrt(-np.log(alpha / 2) / 2) / np.sqrt(n)
+
+
+def normal_cdf(x):
+  return 0.5 * (1 + tf.math.erf(x / np.sqrt(2.)).numpy())
+INIT = np.random.RandomState(1).randn(4, 3)
+
+
+@pytest.fixture(scope="module")
+def fused_kernel():
+  """One kernel (one program conversion) shared by the exactness tests."""
+  return nuts.NoUTurnSampler(gaussian_log_prob, 0.4, max_tree_depth=5,
+                             num_trajectories_per_step=2, backend=EAGER)
+
+
+@pytest.fixture(scope="module")
+def fused_step(fused_kernel):
+  state = tf.constant(INIT)
+  results = fused_kernel.bootstrap_results(state)
+  return fused_kernel.one_step(state, results, seed=[3, 4])
+
+
+# -- the random generator ----------------------------------------------------
+
+def test_uniforms_are_uniform_and_independent():
+  # KS test at level 1e-6 on 100k draws: false-failure rate 1e-6 (and the
+  # seed is fixed, so the outcome is deterministic).
+  u = nuts_random.uniform(tf.constant([5, 6, 7]),
+                          [tf.range(100000), tf.constant(9)]).numpy()
+  assert np.all((u > 0) & (u < 1))
+  assert ks_passes(u, lambda x: x, 1e-6)
+  # Neighbouring counters are uncorrelated: |r| < 5 sigma (rate ~6e-7).
+  assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 5 / np.sqrt(len(u))
+  # Neighbouring seeds are independent streams.
+  v = nuts_random.uniform(tf.constant([5, 6, 8]),
+                          [tf.range(100000), tf.constant(9)]).numpy()
+  assert abs(np.corrcoef(u, v)[0, 1]) < 5 / np.sqrt(len(u))
+
+
+def test_normals_are_normal():
+  # KS at level 1e-6 and the first four moments within 5 standard errors:
+  # false-failure rate < 1e-5.
+  z = nuts_random.normal(tf.constant([1, 2, 3]), [7], 100000).numpy()
+  assert ks_passes(z, normal_cdf, 1e-6)
+  n = len(z)
+  assert abs(z.mean()) < 5 / np.sqrt(n)
+  assert abs(z.var() - 1) < 5 * np.sqrt(2 / n)
+  assert abs((z ** 3).mean()) < 5 * np.sqrt(15 / n)
+  assert abs((z ** 4).mean() - 3) < 5 * np.sqrt(96 / n)
+
+
+def test_random_is_stateless_vectorises_and_matches_numpy():
+  seeds = tf.constant(np.arange(12).reshape(4, 3).astype(np.int32))
+  draw = lambda s: nuts_random.normal(s, [tf.constant(3), tf.constant(-5)], 5)
+  batched = tf.vectorized_map(draw, seeds, fallback_to_while_loop=False)
+  one_by_one = tf.stack([draw(s) for s in seeds])
+  np.testing.assert_allclose(batched, one_by_one, rtol=1e-14)  # vector cos
+  np.testing.assert_array_equal(draw(seeds[1]), draw(seeds[1]))
+  np.testing.assert_allclose(
+      batched[2], reference_numpy.normal([6, 7, 8], [3, -5], 5), rtol=1e-12)
+
+
+# -- exactness ---------------------------------------------------------------
+
+def test_kernel_matches_numpy_reference(fused_step):
+  """Each chain of the batched kernel == the NumPy single-chain reference
+  given the same random draws (two fused trajectories per step)."""
+  state, results = fused_step
+  seed = np.asarray(results.seed)
+  sampler = reference_numpy.Sampler(numpy_logp_and_grad, max_tree_depth=5)
+  for c in range(len(INIT)):
+    q, logp, grad, stats = sampler.steps(INIT[c], np.full(3, 0.4),
+                                         [seed[0], seed[1], c], 2)
+    np.testing.assert_allclose(state[c], q, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(results.target_log_prob[c], logp, rtol=1e-10)
+    np.testing.assert_allclose(results.grads_target_log_prob[c], grad,
+                               rtol=1e-10, atol=1e-12)
+    assert results.leapfrogs_taken[c] == sum(s["num_leapfrogs"] for s in stats)
+    np.testing.assert_allclose(
+        results.log_accept_ratio[c],
+        np.log(np.mean([s["accept"] for s in stats])), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(results.energy[c], stats[-1]["energy"],
+                               rtol=1e-10)
+    assert bool(results.is_accepted[c]) == stats[-1]["is_accepted"]
+
+
+def test_batched_matches_unbatched_python(fused_kernel, fused_step):
+  """The batched program == the same Python run on one chain at a time."""
+  state, results = fused_step
+  program = fused_kernel._program((((3,),), False))[0][0]  # pylint: disable=protected-access
+  seed = np.asarray(results.seed)
+  for c in range(len(INIT)):
+    q = tf.constant(INIT[c])
+    logp = gaussian_log_prob(q)
+    out = program.run_unbatched(
+        q, logp, tf.linalg.matvec(-tf.constant(A), q),
+        tf.constant(np.full(3, 0.4)),
+        tf.constant([seed[0], seed[1], c], tf.int32))
+    np.testing.assert_allclose(state[c], out.q, rtol=1e-10, atol=1e-12)
+    assert results.leapfrogs_taken[c] == out.num_leapfrogs
+
+
+def test_same_seed_same_samples_and_seed_matters(fused_kernel, fused_step):
+  state, _ = fused_step
+  init = tf.constant(INIT)
+  results = fused_kernel.bootstrap_results(init)
+  again, _ = fused_kernel.one_step(init, results, seed=[3, 4])
+  other, _ = fused_kernel.one_step(init, results, seed=[3, 5])
+  np.testing.assert_array_equal(state, again)
+  assert not np.allclose(state, other)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [b for b in tab.BACKENDS if b != EAGER])
+def test_every_backend_gives_the_same_samples(fused_step, backend):
+  state, results = fused_step
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.4, max_tree_depth=5,
+                               num_trajectories_per_step=2, backend=backend)
+  init = tf.constant(INIT)
+  step = lambda: kernel.one_step(init, kernel.bootstrap_results(init),
+                                 seed=[3, 4])
+  if backend.startswith("pc:") and backend != "pc:eager":
+    step = tf.function(step)
+  other_state, other_results = step()
+  np.testing.assert_allclose(other_state, state, rtol=1e-9, atol=1e-12)
+  np.testing.assert_array_equal(other_results.leapfrogs_taken,
+                                results.leapfrogs_taken)
+
+
+# -- drop-in compatibility ----------------------------------------------------
+
+def test_results_have_the_fields_of_tfp_nuts(fused_step):
+  _, results = fused_step
+  tfp_kernel = tfp.mcmc.NoUTurnSampler(gaussian_log_prob, 0.4)
+  tfp_fields = set(tfp_kernel.bootstrap_results(tf.constant(INIT))._fields)
+  assert tfp_fields <= set(results._fields)
+  assert results.leapfrogs_taken.shape == (4,)
+  assert 0 < float(results.gradient_utilization) <= 1
+
+
+def test_parameters_copy_and_calibration(fused_kernel):
+  assert fused_kernel.is_calibrated
+  params = fused_kernel.parameters
+  assert set(params) == {"target_log_prob_fn", "step_size", "max_tree_depth",
+                         "unrolled_leapfrog_steps",
+                         "num_trajectories_per_step", "backend", "name"}
+  copy = fused_kernel.copy(max_tree_depth=3)
+  assert copy.max_tree_depth == 3
+  assert copy.num_trajectories_per_step == 2
+  assert copy.backend == EAGER
+
+
+def test_local_backend_says_so_when_traced(fused_kernel):
+  init = tf.constant(INIT)
+  results = fused_kernel.bootstrap_results(init)
+  with pytest.raises(tab.AutobatchError, match="eagerly"):
+    tf.function(lambda: fused_kernel.one_step(init, results, seed=[1, 2]))()
+
+
+# -- errors -------------------------------------------------------------------
+
+def test_non_callable_target_is_rejected():
+  with pytest.raises(TypeError, match="callable"):
+    nuts.NoUTurnSampler(3.0, 0.1)
+
+
+def test_step_size_of_wrong_shape_is_rejected():
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, np.ones([2, 5]),
+                               backend=EAGER)
+  with pytest.raises(ValueError, match="does not broadcast"):
+    kernel.bootstrap_results(tf.constant(INIT))
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, [0.1, 0.2], backend=EAGER)
+  with pytest.raises(ValueError, match="2 step sizes for a state of 1"):
+    kernel.bootstrap_results(tf.constant(INIT))
+
+
+def test_step_size_of_wrong_dtype_is_rejected():
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, tf.constant(0.1, tf.float32),
+                               backend=EAGER)
+  with pytest.raises(TypeError, match="float32"):
+    kernel.bootstrap_results(tf.constant(INIT))
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, tf.constant(1, tf.int32),
+                               backend=EAGER)
+  with pytest.raises(TypeError, match="floating point"):
+    kernel.bootstrap_results(tf.constant(INIT))
+
+
+def test_non_finite_initial_log_prob_names_the_chain():
+  def target(x):
+    return tf.where(x[..., 0] > 0, gaussian_log_prob(x),
+                    tf.constant(-np.inf, x.dtype))
+  init = np.abs(INIT)
+  init[2, 0] = -1.
+  kernel = nuts.NoUTurnSampler(target, 0.1, backend=EAGER)
+  with pytest.raises(ValueError, match=r"chain\(s\) \[2\]"):
+    kernel.bootstrap_results(tf.constant(init))
+  with pytest.raises(ValueError, match=r"chain\(s\) \[1\]"):
+    kernel.bootstrap_results(tf.constant([[1., 0, 0], [np.nan, 0, 0]]))
+
+
+def test_bad_settings_are_rejected():
+  with pytest.raises(ValueError, match="max_tree_depth"):
+    nuts.NoUTurnSampler(gaussian_log_prob, 0.1, max_tree_depth=0)
+  with pytest.raises(tab.UnknownBackendError):
+    nuts.NoUTurnSampler(gaussian_log_prob, 0.1, backend="nope")
+
+
+def test_several_chain_dimensions(fused_kernel, fused_step):
+  """Chains may have any number of leading dimensions: [2, 2] chains give
+  the same samples as the 4 chains flattened."""
+  state, results = fused_step
+  init = tf.constant(INIT.reshape(2, 2, 3))
+  state2, results2 = fused_kernel.one_step(
+      init, fused_kernel.bootstrap_results(init), seed=[3, 4])
+  assert state2.shape == (2, 2, 3)
+  assert results2.target_log_prob.shape == (2, 2)
+  np.testing.assert_allclose(np.reshape(state2, [4, 3]), state, rtol=1e-12)
+  np.testing.assert_array_equal(np.reshape(results2.leapfrogs_taken, [4]),
+                                results.leapfrogs_taken)
+
+
+def test_step_size_forms_broadcast_to_the_state():
+  from nuts import kernel as kernel_lib  # pylint: disable=import-outside-toplevel
+  parts = [tf.zeros([4, 3], tf.float64), tf.zeros([4], tf.float64)]
+  bcast = lambda s: [x.numpy() for x in
+                     kernel_lib._broadcast_step_size(s, parts, 1)]  # pylint: disable=protected-access
+  scalar = bcast(0.1)
+  assert scalar[0].shape == (4, 3) and np.all(scalar[1] == 0.1)
+  per_part = bcast([0.1, 0.2])
+  assert np.all(per_part[0] == 0.1) and np.all(per_part[1] == 0.2)
+  per_chain = bcast([np.arange(4.), np.arange(4.)])        # shape [chains]
+  np.testing.assert_array_equal(per_chain[0][:, 2], np.arange(4.))
+  per_chain = bcast([np.arange(4.)[:, None], np.arange(4.)])  # [chains, 1]
+  np.testing.assert_array_equal(per_chain[0][:, 1], np.arange(4.))
+  per_coord = bcast([np.array([0.1, 0.2, 0.3]), 0.5])
+  np.testing.assert_array_equal(per_coord[0][3], [0.1, 0.2, 0.3])
+
+
+@pytest.mark.slow
+def test_unrolled_leapfrogs_and_list_state_match_reference():
+  """A two-part state with per-part step sizes and 2 leapfrogs per leaf ==
+  the NumPy reference on the concatenated state."""
+  def target(x, y):
+    return gaussian_log_prob(tf.concat([x, y[..., tf.newaxis]], -1))
+  kernel = nuts.NoUTurnSampler(target, [0.2, 0.3], max_tree_depth=4,
+                               unrolled_leapfrog_steps=2, backend=EAGER)
+  init = [tf.constant(INIT[:, :2]), tf.constant(INIT[:, 2])]
+  (x, y), results = kernel.one_step(init, kernel.bootstrap_results(init),
+                                    seed=[7, 8])
+  assert isinstance(results.grads_target_log_prob, list)
+  seed = np.asarray(results.seed)
+  sampler = reference_numpy.Sampler(numpy_logp_and_grad, max_tree_depth=4,
+                                    unrolled_leapfrog_steps=2)
+  for c in range(len(INIT)):
+    q, _, _, stats = sampler.steps(INIT[c], np.array([0.2, 0.2, 0.3]),
+                                   [seed[0], seed[1], c], 1)
+    np.testing.assert_allclose(np.append(x[c], y[c]), q, rtol=1e-10,
+                               atol=1e-12)
+    assert results.leapfrogs_taken[c] == stats[0]["num_leapfrogs"]
