@@ -264,7 +264,7 @@ class FunctionConverter:
     falls_off = self.label
     if falls_off is not None:
       self.finish(ir1.Return())
-    blocks = _reachable(self.blocks)
+    blocks = ir1.reachable(self.blocks)
     if falls_off is not None and any(b.label == falls_off for b in blocks):
       raise self.error(self.node.body[-1], "reaching the end of the function "
                        "without `return`", "make every path return a value")
@@ -568,20 +568,3 @@ class _ExpressionLowering(ast.NodeTransformer):
     c.finish(ir1.Jump(join))
     c.start(join)
     return ast.copy_location(ast.Name(result, ast.Load()), node)
-
-
-def _reachable(blocks):
-  """The blocks reachable from the first, in their original order."""
-  by_label = {b.label: b for b in blocks}
-  seen, todo = set(), [blocks[0].label]
-  while todo:
-    label = todo.pop()
-    if label in seen:
-      continue
-    seen.add(label)
-    match by_label[label].terminator:
-      case ir1.Jump(target):
-        todo.append(target)
-      case ir1.Branch(_, then_label, else_label):
-        todo.extend([then_label, else_label])
-  return [b for b in blocks if b.label in seen]

@@ -111,6 +111,29 @@ class Program:
     return format_program(self)
 
 
+def successors(terminator):
+  """The labels a terminator may transfer control to."""
+  match terminator:
+    case Jump(target):
+      return [target]
+    case Branch(_, then_label, else_label):
+      return [then_label, else_label]
+    case _:
+      return []
+
+
+def reachable(blocks):
+  """The blocks reachable from the first, in their original order."""
+  by_label = {b.label: b for b in blocks}
+  seen, todo = set(), [blocks[0].label]
+  while todo:
+    label = todo.pop()
+    if label not in seen:
+      seen.add(label)
+      todo.extend(successors(by_label[label].terminator))
+  return [b for b in blocks if b.label in seen]
+
+
 def format_op(op):
   match op:
     case Primitive(outs, code, ins, batched):

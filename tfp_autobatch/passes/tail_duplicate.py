@@ -48,21 +48,7 @@ def _function(fn):
           blocks[label] = ir1.Block(label, block.ops + callee.ops,
                                     callee.terminator)
           changed = True
-    blocks = _reachable(blocks, entry)
-  order = [b.label for b in fn.blocks if b.label in blocks]
-  return dataclasses.replace(fn, blocks=tuple(blocks[l] for l in order))
-
-
-def _reachable(blocks, entry):
-  seen, todo = set(), [entry]
-  while todo:
-    label = todo.pop()
-    if label in seen:
-      continue
-    seen.add(label)
-    match blocks[label].terminator:
-      case ir1.Jump(target):
-        todo.append(target)
-      case ir1.Branch(_, then_label, else_label):
-        todo.extend([then_label, else_label])
-  return {l: b for l, b in blocks.items() if l in seen}
+    kept = ir1.reachable([blocks[b.label] for b in fn.blocks
+                          if b.label in blocks])
+    blocks = {b.label: b for b in kept}
+  return dataclasses.replace(fn, blocks=tuple(blocks.values()))
