@@ -18,7 +18,7 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 demo: venv
-	$(PY) -m benchmarks.demo $(ARGS)
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m benchmarks.demo $(ARGS)
 
 # Everything but the few statistical tests that take minutes each (CI).
 test: venv

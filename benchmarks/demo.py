@@ -35,27 +35,10 @@ from benchmarks import programs as bench
 from benchmarks import tfp_reference_programs as tfp_ref
 
 
-@tab.batch
-def fib(n):
-  """Naive recursive Fibonacci: two recursive calls per level."""
-  if n <= 1:
-    return n
-  return fib(n - 1) + fib(n - 2)
-
-
-@tab.batch
-def collatz(n):
-  """Steps of the Collatz iteration until n == 1: a divergent while loop."""
-  steps = tf.zeros_like(n)
-  while n != 1:
-    if n % 2 == 0:
-      n = n // 2
-    else:
-      n = 3 * n + 1
-    steps += 1
-  return steps
-
-
+# The same two programs the programs benchmark times: fib (recursive) and
+# collatz (a data-dependent while loop), each written for one example.
+fib = bench.OUR_PROGRAMS["fib"]
+collatz = bench.OUR_PROGRAMS["collatz"]
 PROGRAMS = {"fib": fib, "collatz": collatz}
 RANGES = {"fib": (3, 10), "collatz": (1, 100)}
 

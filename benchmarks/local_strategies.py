@@ -13,7 +13,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
-import tfp_autobatch as tab
+from benchmarks import programs
 from tfp_autobatch import api
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import local_static
@@ -25,24 +25,8 @@ flags.DEFINE_integer("repeats", 3, "Timed runs (median is reported).")
 flags.DEFINE_string("output", None, "JSON file for the results.")
 
 
-@tab.batch
-def fib(n):
-  if n <= 1:
-    return n
-  return fib(n - 1) + fib(n - 2)
-
-
-@tab.batch
-def collatz(n):
-  steps = 0
-  while n != 1:
-    if n % 2 == 0:
-      n = n // 2
-    else:
-      n = 3 * n + 1
-    steps += 1
-  return steps
-
+fib = programs.OUR_PROGRAMS["fib"]
+collatz = programs.OUR_PROGRAMS["collatz"]
 
 PROGRAMS = {
     "fib": (fib, lambda rng, b: rng.integers(5, 12, b).astype(np.int32)),
