@@ -1,27 +1,15 @@
 """IR-1 passes other than type inference."""
 import numpy as np
+import tensorflow as tf
 
-import tfp_autobatch as tab
+import programs
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.passes import tail_duplicate
 
-import tensorflow as tf
-
 INT = [types_lib.TensorType(tf.int32, ())]
-
-
-@tab.batch
-def collatz(n):
-  steps = 0
-  while n != 1:
-    if n % 2 == 0:
-      n = n // 2
-    else:
-      n = 3 * n + 1
-    steps += 1
-  return steps
+collatz = programs.PROGRAMS_BY_NAME["collatz_steps"].fn   # a while around an if
 
 
 def test_tail_duplication_copies_join_and_loop_header_into_predecessors():
