@@ -98,7 +98,7 @@ def format_type(t):
   return str(t)
 
 
-def zeros(var_type, batch_size):
-  """A batch of zeros of the given variable type."""
+def zeros(var_type, *leading_dims):
+  """Zeros of the given variable type, with leading dims (e.g. the batch)."""
   return tf.nest.map_structure(
-      lambda t: tf.zeros((batch_size,) + t.shape, t.dtype), var_type)
+      lambda t: tf.zeros(tuple(leading_dims) + t.shape, t.dtype), var_type)

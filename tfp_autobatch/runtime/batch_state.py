@@ -19,19 +19,17 @@ def scatter(old, indices, new):
 
 
 def where(mask, new, old):
-  """Rows of `new` where `mask`, else rows of `old`."""
+  """`new` where `mask`, else `old`; `mask` covers the leading dims of each leaf.
+
+  The mask is broadcast by static rank, so static shapes survive (which
+  `tf.while_loop` needs of its loop state).
+  """
   def leaf(n, o):
-    m = tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones(tf.rank(n) - 1,
-                                                            tf.int32)], 0))
-    return tf.where(m, n, o)
+    extra = n.shape.rank - mask.shape.rank
+    return tf.where(mask[(Ellipsis,) + (None,) * extra], n, o)
   return tf.nest.map_structure(leaf, new, old)
 
 
 def take(value, count):
   """The first `count` rows."""
   return tf.nest.map_structure(lambda x: x[:count], value)
-
-
-def batch_size(value):
-  leaves = tf.nest.flatten(value)
-  return tf.shape(leaves[0])[0] if leaves else 0

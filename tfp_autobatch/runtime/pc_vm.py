@@ -32,6 +32,8 @@ import tensorflow as tf
 
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir2
+from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import vectorize
 
@@ -61,24 +63,8 @@ def _set_rows(stack, sp, value, mask):
     depth = tf.shape(s)[0]
     hit = tf.logical_and(tf.equal(tf.range(depth)[:, None], sp[None, :]),
                          mask[None, :])
-    return _where(hit, v[None], s)
+    return batch_state.where(hit, v[None], s)
   return tf.nest.map_structure(leaf, stack, value)
-
-
-def _where(mask, new, old):
-  """Rows of `new` where `mask` (of leading dims of `new`), else of `old`."""
-  extra = new.shape.rank - mask.shape.rank
-  return tf.where(mask[(Ellipsis,) + (None,) * extra], new, old)
-
-
-def _where_nest(mask, new, old):
-  return tf.nest.map_structure(lambda n, o: _where(mask, n, o), new, old)
-
-
-def _zeros(var_type, lead):
-  return tf.nest.map_structure(
-      lambda t: tf.zeros(tf.concat([lead, tf.constant(t.shape, tf.int32)], 0),
-                         t.dtype), var_type)
 
 
 def _poison(value, mask):
@@ -89,7 +75,7 @@ def _poison(value, mask):
       bad = tf.constant(x.dtype.min, x.dtype)
     else:
       bad = tf.zeros([], x.dtype)
-    return _where(mask, tf.fill(tf.shape(x), bad), x)
+    return batch_state.where(mask, tf.fill(tf.shape(x), bad), x)
   return tf.nest.map_structure(leaf, value)
 
 
@@ -226,11 +212,11 @@ class PcVmRuntime:
       if v in values:
         value = vectorize.conform(values[v], t)
       else:
-        value = _zeros(t, [z])
+        value = types_lib.zeros(t, z)
       if v not in p.stacked:
         variables[v] = value
         continue
-      stack = _zeros(t, [d, z])
+      stack = types_lib.zeros(t, d, z)
       sp = tf.zeros([z], tf.int32)
       if p.cached_top:
         variables[v] = {"top": value, "stack": stack, "sp": sp}
@@ -262,10 +248,10 @@ class PcVmRuntime:
 
   def _write(self, store, v, value, mask):
     if v not in self.program.stacked:
-      return _where_nest(mask, value, store)
+      return batch_state.where(mask, value, store)
     store = dict(store)
     if self.program.cached_top:
-      store["top"] = _where_nest(mask, value, store["top"])
+      store["top"] = batch_state.where(mask, value, store["top"])
     else:
       store["stack"] = _set_rows(store["stack"], store["sp"], value, mask)
     return store
@@ -278,7 +264,7 @@ class PcVmRuntime:
     if self.program.cached_top:
       store["stack"] = _set_rows(store["stack"], tf.minimum(sp, top), value,
                                  mask)
-      store["top"] = _where_nest(mask, value, store["top"])
+      store["top"] = batch_state.where(mask, value, store["top"])
     else:
       stack = _set_rows(store["stack"], tf.minimum(sp, top), value, mask)
       store["stack"] = _set_rows(stack, tf.minimum(sp + 1, top), value, mask)
@@ -291,7 +277,7 @@ class PcVmRuntime:
     sp = store["sp"] - tf.cast(mask, tf.int32)
     saved = _rows(store["stack"], tf.maximum(sp, 0))
     if self.program.cached_top:
-      store["top"] = _where_nest(mask, saved, store["top"])
+      store["top"] = batch_state.where(mask, saved, store["top"])
       if not keep:
         store["sp"] = sp
     elif keep:
