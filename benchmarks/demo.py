@@ -89,27 +89,15 @@ def _ordered(backends):
 
 
 def _time_cell(call, xs):
-  """(first output, first-call s, median s per warm call, warm calls timed).
+  """(first output, first-call s, median s per warm call, warm runs timed).
 
-  After the first call, one warm call; if it is slower than --max_call_sec
-  it is the only one timed, else --repeats timed runs follow.
+  The programs benchmark's timing: one warm call, and if it is not slower
+  than --max_call_sec, --repeats timed runs of enough calls for ~20 ms.
   """
-  start = time.perf_counter()
-  out = call(xs)
-  first = time.perf_counter() - start
-  start = time.perf_counter()
-  call(xs)
-  warm = time.perf_counter() - start
-  if warm > FLAGS.max_call_sec:
-    return out, first, warm, 1
-  times = []
-  for _ in range(FLAGS.repeats):
-    calls = int(min(20, max(1, np.ceil(0.02 / max(warm, 1e-6)))))
-    start = time.perf_counter()
-    for _ in range(calls):
-      call(xs)
-    times.append((time.perf_counter() - start) / calls)
-  return out, first, float(np.median(times)), FLAGS.repeats
+  out, first, times, _ = bench.time_batched(
+      call, xs, FLAGS.repeats, min_run_sec=0.02, max_calls_per_run=20,
+      slow_call_sec=FLAGS.max_call_sec)
+  return out, first, float(np.median(times)), len(times)
 
 
 def run_program(program, backends, batch_sizes, deadline):
