@@ -2,13 +2,23 @@
 
 The VM state is a dict of tensors with batch dimension Z:
 
-  pc_top [Z], pc_stack [D, Z], pc_sp [Z]   block each member waits at, and
+  pc_top [Z], pc_sp [Z], stacks["pc"] [D, Z]
+                                           block each member waits at, and
                                            its return addresses
   vars[v] = [Z, ...]                       a register
-  vars[v] = {top [Z, ...], stack [D, Z, ...], sp [Z]}
+  vars[v] = {top [Z, ...], sp [Z]}, stacks[v] [D, Z, ...]
                                            a stacked variable (cached top)
   vars[v] = {stack [D, Z, ...], sp [Z]}    a stacked variable, value at sp
   overflow [Z], and the statistics counters.
+
+The big [D, Z, ...] buffers of `stacks` stay out of the blocks' results: a
+block only reads them and returns one `StackWrite` per buffer (the row each
+member writes, the values, a mask), which the loop applies after the block
+with one scatter of Z rows. Under XLA that scatter updates the loop's buffer
+in place, so a step costs O(Z) per stack instead of a copy of every stack
+(a buffer returned from a `tf.switch_case` branch is copied whole). With the
+top not cached, stacks are written at several rows per block and stay in
+`vars` (the unoptimised layout, kept for comparison).
 
 Each step picks a block (the lowest waiting pc, or the one most members wait
 at), and runs it for the members waiting there: every primitive runs on all
@@ -25,6 +35,7 @@ dtype's minimum for integers, False for booleans) and a `tf.debugging.Assert`
 fails the graph; under the user's XLA, which drops asserts, the poisoned rows
 are what remains.
 """
+import collections
 import functools
 
 import numpy as np
@@ -37,7 +48,11 @@ from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import vectorize
 
-SCHEDULES = ("lowest_pc", "most_waiting", "crowded_lowest_pc")
+SCHEDULES = ("lowest_pc", "most_waiting", "crowded_lowest_pc",
+             "primitives_last")
+
+# `stack[row[i], i] = value[i]` where `mask[i]`, applied after a block.
+StackWrite = collections.namedtuple("StackWrite", ["row", "value", "mask"])
 
 
 def _index(stack, sp):
@@ -67,6 +82,17 @@ def _set_rows(stack, sp, value, mask):
   return tf.nest.map_structure(leaf, stack, value)
 
 
+def apply_stack_write(stack, write):
+  """`stack` with one `StackWrite` applied: a scatter of Z rows, in place
+  under XLA (rows of masked-off members are written back unchanged)."""
+  idx = _index(stack, write.row)
+  def leaf(s, v):
+    old = tf.gather_nd(s, idx)
+    return tf.tensor_scatter_nd_update(
+        s, idx, batch_state.where(write.mask, v, old))
+  return tf.nest.map_structure(leaf, stack, write.value)
+
+
 def _poison(value, mask):
   def leaf(x):
     if x.dtype.is_floating or x.dtype.is_complex:
@@ -86,10 +112,14 @@ class PcVmRuntime:
     program: the IR-2 program (`pipeline.stack_program_of`).
     max_stack_depth: D, the frames a member may have (entry included).
     mode: "eager" (Python loop, for debugging), "graph" or "xla".
-    schedule: "lowest_pc" (the paper's), "most_waiting", or
-      "crowded_lowest_pc" (the backends' default: the lowest block holding
-      at least half as many members as the most crowded one; measured on
-      fib, collatz and NUTS it is as good as the best of the other two).
+    schedule: "lowest_pc" (the paper's), "most_waiting",
+      "crowded_lowest_pc" (the lowest block holding at least half as many
+      members as the most crowded one; measured on fib, collatz and NUTS it
+      is as good as the best of the other two), or "primitives_last" (the
+      backends' default: crowded_lowest_pc, except that blocks calling a
+      `@batched_primitive` run only when no other block has members, so the
+      model runs on as many members as can reach it; without batched
+      primitives it is crowded_lowest_pc).
   """
 
   def __init__(self, program, max_stack_depth, mode="graph",
@@ -108,6 +138,11 @@ class PcVmRuntime:
     self.stats_tensors = None
     self.trace_count = 0
     self._blocks = [self._block_fn(i, b) for i, b in enumerate(program.blocks)]
+    calls_model = [any(isinstance(op, ir2.Primitive) and op.batched
+                       for op in b.ops) for b in program.blocks]
+    self._model_blocks = ([int(c) for c in calls_model]
+                          if schedule == "primitives_last" and any(calls_model)
+                          else None)
     self._compiled = None
     if mode != "eager":
       # One trace per program: the batch dimension is left unknown.
@@ -165,13 +200,12 @@ class PcVmRuntime:
         nxt = int(self._next_block(state["pc_top"]))
         if nxt >= halt:
           break
-        state = self._blocks[nxt](state)
+        state = self._step(nxt, state, eager=True)
         if bool(tf.reduce_any(state["overflow"])):
           break
     else:
       def body(nxt, state):
-        branches = [lambda fn=fn: fn(state) for fn in self._blocks]
-        state = tf.switch_case(nxt, branches)
+        state = self._step(nxt, state, eager=False)
         return self._next_block(state["pc_top"]), state
       _, state = tf.while_loop(
           lambda nxt, state: nxt < halt, body,
@@ -183,12 +217,30 @@ class PcVmRuntime:
                 state["high"])
     return result, state["overflow"], counters
 
+  def _step(self, nxt, state, eager):
+    """Runs block `nxt`, then applies its stack writes outside the block."""
+    stacks = state["stacks"]
+    if eager:
+      small, writes = self._blocks[nxt](state)
+    else:
+      small, writes = tf.switch_case(
+          nxt, [lambda fn=fn: fn(state) for fn in self._blocks])
+    small["stacks"] = {k: apply_stack_write(stacks[k], writes[k])
+                       for k in stacks}
+    return small
+
   def _next_block(self, pc_top):
     halt = self.program.halt
     if self.schedule == "lowest_pc":
       return tf.reduce_min(tf.concat([pc_top, [halt]], 0))
     counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
-    if self.schedule == "crowded_lowest_pc":
+    if self._model_blocks is not None:
+      # Blocks that call a @batched_primitive (the model: the expensive
+      # part) wait while any other block has members, so that they run for
+      # as many members as can reach them.
+      others = counts * (1 - tf.constant(self._model_blocks, tf.int32))
+      counts = tf.where(tf.reduce_any(others > 0), others, counts)
+    if self.schedule in ("crowded_lowest_pc", "primitives_last"):
       # The lowest block holding at least half as many members as the most
       # crowded one: keeps lowest-pc's depth-first recursion, but does not
       # starve a crowded block behind a loop that a few members keep taking.
@@ -200,6 +252,10 @@ class PcVmRuntime:
     return tf.where(tf.reduce_max(counts) > 0,
                     tf.cast(tf.argmax(counts), tf.int32), halt)
 
+  def _hoisted(self):
+    """The stacked variables whose buffers live in `state["stacks"]`."""
+    return sorted(self.program.stacked) if self.program.cached_top else []
+
   def _initial_state(self, args):
     p = self.program
     leaves = tf.nest.flatten(args)
@@ -207,6 +263,9 @@ class PcVmRuntime:
     d = self.depth
     values = dict(zip(p.params, args))
     variables = {}
+    halt = tf.fill([z], p.halt)
+    stacks = {"pc": tf.concat([halt[None], tf.zeros([d - 1, z], tf.int32)],
+                              0)}
     for v in sorted(set(p.types) - p.temporaries):
       t = p.types[v]
       if v in values:
@@ -219,15 +278,15 @@ class PcVmRuntime:
       stack = types_lib.zeros(t, d, z)
       sp = tf.zeros([z], tf.int32)
       if p.cached_top:
-        variables[v] = {"top": value, "stack": stack, "sp": sp}
+        variables[v] = {"top": value, "sp": sp}
+        stacks[v] = stack
       else:
         variables[v] = {"stack": _set_rows(stack, sp, value,
                                            tf.ones([z], tf.bool)), "sp": sp}
-    halt = tf.fill([z], p.halt)
     return {
         "vars": variables,
+        "stacks": stacks,
         "pc_top": tf.zeros([z], tf.int32),
-        "pc_stack": tf.concat([halt[None], tf.zeros([d - 1, z], tf.int32)], 0),
         "pc_sp": tf.ones([z], tf.int32),
         "overflow": tf.zeros([z], tf.bool),
         "steps": tf.constant(0, tf.int32),
@@ -237,6 +296,8 @@ class PcVmRuntime:
     }
 
   # -- storage of one variable ----------------------------------------------
+  # `store` is vars[v]; with a cached top, `stack` is stacks[v] (read only:
+  # a push returns a StackWrite for the loop to apply).
 
   def _value(self, store, v):
     """The current value of variable `v` (every row)."""
@@ -257,43 +318,65 @@ class PcVmRuntime:
     return store
 
   def _push(self, store, v, value, mask):
-    """Saves `value` (v's current value) below a new current slot."""
+    """Saves `value` (v's current value) below a new current slot.
+
+    Returns the new store and, with a cached top, the StackWrite that saves
+    `value` (None otherwise: the stack in the store is already written).
+    """
+    del v
     store = dict(store)
     top = self.depth - 1
     sp = store["sp"]
+    write = None
     if self.program.cached_top:
-      store["stack"] = _set_rows(store["stack"], tf.minimum(sp, top), value,
-                                 mask)
+      write = StackWrite(tf.minimum(sp, top), value, mask)
       store["top"] = batch_state.where(mask, value, store["top"])
     else:
       stack = _set_rows(store["stack"], tf.minimum(sp, top), value, mask)
       store["stack"] = _set_rows(stack, tf.minimum(sp + 1, top), value, mask)
     store["sp"] = sp + tf.cast(mask, tf.int32)
-    return store
+    return store, write
 
-  def _pop(self, store, v, mask, keep):
+  def _pop(self, store, v, mask, keep, stack=None):
     """Restores v's saved value; `keep` leaves the saved copy (Update)."""
+    del v
     store = dict(store)
     sp = store["sp"] - tf.cast(mask, tf.int32)
-    saved = _rows(store["stack"], tf.maximum(sp, 0))
     if self.program.cached_top:
+      saved = _rows(stack, tf.maximum(sp, 0))
       store["top"] = batch_state.where(mask, saved, store["top"])
       if not keep:
         store["sp"] = sp
-    elif keep:
+      return store, saved
+    saved = _rows(store["stack"], tf.maximum(sp, 0))
+    if keep:
       store["stack"] = _set_rows(store["stack"], store["sp"], saved, mask)
     else:
       store["sp"] = sp
-    del v
     return store, saved
 
   # -- one block ------------------------------------------------------------
 
+  def _check_hoistable(self, block):
+    """Each hoisted stack takes at most one write per block, after its reads:
+    the writes are applied when the block is done."""
+    pushed = set()
+    for op in block.ops:
+      if isinstance(op, (ir2.Push, ir2.Pop, ir2.Update)) and op.var in pushed:
+        raise errors.IRError(
+            f"{block.label}: '{op.var}' is pushed and then used again in one "
+            "block; the pc VM applies stack writes at the end of a block")
+      if isinstance(op, ir2.Push):
+        pushed.add(op.var)
+
   def _block_fn(self, index, block):
     p = self.program
+    if p.cached_top:
+      self._check_hoistable(block)
 
     def run(state):
-      state = dict(state)
+      stacks = state["stacks"]
+      state = {k: v for k, v in state.items() if k != "stacks"}
       variables = dict(state["vars"])
       pc_top = state["pc_top"]
       z = tf.shape(pc_top)[0]
@@ -303,6 +386,7 @@ class PcVmRuntime:
       first = tf.cast(tf.argmax(tf.concat([tf.cast(active, tf.int32), [1]],
                                           0)), tf.int32)
       source = tf.where(active, rows, first)
+      writes = {}
 
       def sanitize(value):
         if self.mode == "xla":
@@ -336,11 +420,14 @@ class PcVmRuntime:
               env[v] = vectorize.conform(value, p.types[v])
               dirty.add(v)
           case ir2.Push(v):
-            variables[v] = self._push(variables[v], v, read(v), active)
+            variables[v], write = self._push(variables[v], v, read(v), active)
+            if write is not None:
+              writes[v] = write
             dirty.discard(v)
           case ir2.Pop(v) | ir2.Update(v):
             variables[v], saved = self._pop(variables[v], v, active,
-                                            keep=isinstance(op, ir2.Update))
+                                            keep=isinstance(op, ir2.Update),
+                                            stack=stacks.get(v))
             env[v] = sanitize(saved)
             dirty.discard(v)
           case _:
@@ -348,7 +435,7 @@ class PcVmRuntime:
       for v in sorted(dirty - p.temporaries):
         variables[v] = self._write(variables[v], v, env[v], active)
       state["vars"] = variables
-      self._terminate(block.terminator, state, active, read)
+      self._terminate(block.terminator, state, stacks, writes, active, read)
       state["steps"] = state["steps"] + 1
       state["executions"] = state["executions"] + tf.one_hot(
           index, p.halt, dtype=tf.int32)
@@ -356,11 +443,20 @@ class PcVmRuntime:
           tf.cast(active, tf.int32))
       state["high"] = tf.maximum(state["high"], tf.reduce_max(
           tf.concat([state["pc_sp"], [0]], 0)))
-      return state
+      # Every block returns a write for every stack (switch_case branches
+      # must agree); the ones it does not write are masked off.
+      nothing = tf.zeros([z], tf.bool)
+      for k in stacks:
+        if k not in writes:
+          writes[k] = StackWrite(
+              tf.zeros([z], tf.int32),
+              tf.nest.map_structure(lambda s: tf.zeros_like(s[0]), stacks[k]),
+              nothing)
+      return state, writes
 
     return run
 
-  def _terminate(self, terminator, state, active, read):
+  def _terminate(self, terminator, state, stacks, writes, active, read):
     labels = self.program.block_index()
     pc_top = state["pc_top"]
     match terminator:
@@ -375,9 +471,9 @@ class PcVmRuntime:
         sp = state["pc_sp"]
         overflow = active & (sp >= self.depth)
         ok = active & ~overflow
-        state["pc_stack"] = _set_rows(
-            state["pc_stack"], tf.minimum(sp, self.depth - 1),
-            tf.fill(tf.shape(sp), labels[return_label]), ok)
+        writes["pc"] = StackWrite(tf.minimum(sp, self.depth - 1),
+                                  tf.fill(tf.shape(sp), labels[return_label]),
+                                  ok)
         state["pc_sp"] = sp + tf.cast(ok, tf.int32)
         state["pc_top"] = tf.where(
             ok, labels[target],
@@ -385,7 +481,7 @@ class PcVmRuntime:
         state["overflow"] = state["overflow"] | overflow
       case ir2.Return():
         sp = state["pc_sp"] - tf.cast(active, tf.int32)
-        back = _rows(state["pc_stack"], tf.maximum(sp, 0))
+        back = _rows(stacks["pc"], tf.maximum(sp, 0))
         state["pc_sp"] = sp
         state["pc_top"] = tf.where(active, back, pc_top)
       case _:
