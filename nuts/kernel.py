@@ -39,14 +39,10 @@ NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
     "energy",                 # [chains] Hamiltonian at the sampled state
     "seed",                   # [2] int32, the seed this step used
     # Gradient utilisation of the batched call: useful gradients (the sum of
-    # leapfrogs_taken) over the gradients the batch computed. Run eagerly,
-    # "computed" is exact: chains x leapfrogs per leaf x batched leaf calls,
-    # from the backend's block counts (also in `kernel.last_run_stats`).
-    # Inside tf.function those counts are not available and "computed" is
-    # the ideal of a schedule that synchronises chains only at the end of
-    # the call (chains x the longest chain's leapfrogs): trajectory fusion
-    # (num_trajectories_per_step=k) lets pc backends approach it; local
-    # backends synchronise at every trajectory and do not.
+    # leapfrogs_taken) over the gradients the batch computed, i.e. chains x
+    # leapfrogs per leaf x batched leaf calls, counted by the backend
+    # (eagerly and inside tf.function alike; also `kernel.last_run_stats`
+    # when run eagerly).
     "num_grads_computed",     # [] int32
     "gradient_utilization",   # [] float
 ])
@@ -254,13 +250,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     new_parts, new_grads = unflat(out.q), unflat(out.grad)
     useful = tf.reduce_sum(out.num_leapfrogs)
-    if stats is not None and "leaf/entry" in stats.block_executions:
-      # Run eagerly: the backend counted the batched leaf calls exactly.
-      computed = tf.constant(stats.batch_size * self.unrolled_leapfrog_steps
-                             * stats.block_executions["leaf/entry"], tf.int32)
+    # The backend counts the batched leaf calls: eagerly in its RunStats,
+    # traced (pc backends) as tensors of the caller's graph.
+    if stats is not None:
+      leaf_calls = tf.constant(stats.block_executions.get("leaf/entry", 0),
+                               tf.int32)
     else:
-      computed = tf.cast(num_chains, tf.int32) * tf.reduce_max(
-          out.num_leapfrogs)
+      leaf_calls = nuts_steps.last_stats_tensors["block_executions"][
+          "leaf/entry"]
+    computed = (tf.cast(num_chains, tf.int32) * self.unrolled_leapfrog_steps
+                * leaf_calls)
     new_results = NUTSKernelResults(
         target_log_prob=per_chain(out.logp),
         grads_target_log_prob=new_grads if is_list else new_grads[0],

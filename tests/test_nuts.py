@@ -163,6 +163,17 @@ def test_every_backend_gives_the_same_samples(fused_step, backend):
   np.testing.assert_allclose(other_state, state, rtol=1e-9, atol=1e-12)
   np.testing.assert_array_equal(other_results.leapfrogs_taken,
                                 results.leapfrogs_taken)
+  # Gradients computed are the backend's own count of batched leaf calls,
+  # traced or not: every pc backend runs the same schedule.
+  computed = int(other_results.num_grads_computed)
+  assert computed >= int(np.sum(results.leapfrogs_taken))
+  if backend.startswith("pc:"):
+    eager_kernel = kernel.copy(backend="pc:eager")
+    _, eager_results = eager_kernel.one_step(
+        init, eager_kernel.bootstrap_results(init), seed=[3, 4])
+    assert computed == int(eager_results.num_grads_computed)
+    assert eager_kernel.last_run_stats.block_executions["leaf/entry"] * 4 == (
+        computed)
 
 
 # -- drop-in compatibility ----------------------------------------------------

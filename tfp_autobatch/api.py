@@ -39,6 +39,7 @@ class BatchedFunction:
     self.max_stack_depth = int(max_stack_depth)
     self.backend = backend
     self.last_stats = None
+    self.last_stats_tensors = None
     self._last_types = None
     functools.update_wrapper(self, python_function)
 
@@ -60,6 +61,7 @@ class BatchedFunction:
     self._last_types = arg_types
     result = runtime.run(args, batch_size)
     self.last_stats = runtime.stats
+    self.last_stats_tensors = getattr(runtime, "stats_tensors", None)
     return result
 
   def ir(self, level=1):

@@ -18,7 +18,7 @@ def _local(jit_compile):
   return make
 
 
-def _pc(mode, schedule="crowded_lowest_pc"):
+def _pc(mode, schedule="primitives_last"):
   def make(program, max_stack_depth):
     from tfp_autobatch import pipeline
     return pc_vm.PcVmRuntime(pipeline.stack_program_of(program),

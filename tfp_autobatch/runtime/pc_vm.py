@@ -171,7 +171,12 @@ class PcVmRuntime:
       if bool(tf.reduce_any(overflow)):
         raise errors.StackOverflowError(message)
       return result
-    self.stats, self.stats_tensors = None, counters
+    steps, executions, active, high = counters
+    self.stats = None
+    self.stats_tensors = {
+        "steps": steps, "active_members": active, "max_stack_depth": high,
+        "block_executions": {b.label: executions[i] for i, b in
+                             enumerate(self.program.blocks)}}
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
                                 ["tfp_autobatch: " + message])
     with tf.control_dependencies([check]):
