@@ -21,5 +21,7 @@ setuptools.setup(
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
                  "matplotlib>=3.8"],
         "bench": ["matplotlib>=3.8", "tqdm>=4.66"],
+        # Stan's NUTS as a peer in benchmarks/nuts.py (needs a C++ compiler).
+        "stan": ["pystan>=3.10"],
     },
 )

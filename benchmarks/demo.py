@@ -1,217 +1,71 @@
-r"""`make demo`: batch two programs written for one example, check, and time.
+r"""`make demo`: batched recursive NUTS against TFP's NUTS kernels.
 
-  python -m benchmarks.demo [--batch_sizes=16,256] [--backends=pc:xla,...]
-  make demo ARGS="--batch_sizes=8,64 --ir2"
+  python -m benchmarks.demo [--batch_sizes=4,16,64] [--systems=...]
+  make demo ARGS="--systems=pc:xla,limit --batch_sizes=8,32"
 
-Two single-example programs, a recursive one (``fib``) and a looping one
-(``collatz``), are decorated with ``@tab.batch``.  The demo
+The project's main job in a few minutes on a 2-core CPU: NUTS on the
+paper's Bayesian logistic regression (100 regressors, 10,000 synthetic data
+points; `benchmarks/nuts_problems.py`) with
 
-1. prints their IR (``fn.ir()``; with ``--ir2`` also the lowered IR-2),
-2. runs them with every backend in ``tab.BACKENDS`` at each batch size and
-   checks the results: at the smallest batch size against the original Python
-   function run on each example alone (``fn.run_unbatched``), at larger ones
-   against exact integer Python,
-3. prints a small timing table (examples/sec after warm-up, first-call
-   seconds) per backend and batch size, next to TFP's reference autobatching
-   compiled with XLA (``--tfp_reference``).
+- `pc:xla`: our `nuts.NoUTurnSampler`, the recursive single-chain NUTS of
+  `nuts/tree.py` batched over chains by program-counter autobatching;
+- `tfp_reference`: `tfp.experimental.mcmc.NoUTurnSampler` (TFP's own
+  autobatched NUTS), XLA;
+- `tfp_iterative`: `tfp.mcmc.NoUTurnSampler`, XLA;
+- `limit`: a raw batched leapfrog loop, the most gradients/s the machine
+  gives at that number of chains,
 
-It exits non-zero if any result is wrong.  Inputs are kept small (fib n in
-[3, 10), collatz n in [1, 100)) so that it runs in about two minutes on two
-idle cores: a backend whose warm call takes longer than ``--max_call_sec`` is
-timed once and not run at larger batch sizes, and each program gets an equal
-share of ``--time_budget_sec``, after which its remaining cells are skipped
-(compiled backends are timed first, ``pc:eager`` last).
+at 4, 16 and 64 chains, all from the same start with the same step size.
+It prints model gradients per second (used by the chains, summed over
+chains), the other measurements and the ratios of `pc:xla` to each system,
+writes `benchmarks/results/nuts_demo.json` and the plot
+`benchmarks/results/nuts_demo.png`, and says how the issue's targets stand.
+Every flag of `python -m benchmarks.nuts` passes through (see
+`benchmarks/nuts.py`; the defaults here are a smaller run).  It exits
+non-zero if one of our systems fails.  The full benchmark is
+`python -m benchmarks.nuts`; the programs demo is
+`python -m benchmarks.programs_demo`.
 """
 import sys
 import time
 
 from absl import app
-from absl import flags
-import numpy as np
-import tensorflow as tf
 
-import tfp_autobatch as tab
-from benchmarks import programs as bench
-from benchmarks import tfp_reference_programs as tfp_ref
+from benchmarks import nuts as nuts_bench
+from benchmarks import nuts_report
+from benchmarks import nuts_systems
 
-
-# The same two programs the programs benchmark times: fib (recursive) and
-# collatz (a data-dependent while loop), each written for one example.
-fib = bench.OUR_PROGRAMS["fib"]
-collatz = bench.OUR_PROGRAMS["collatz"]
-PROGRAMS = {"fib": fib, "collatz": collatz}
-RANGES = {"fib": (3, 10), "collatz": (1, 100)}
-
-FLAGS = flags.FLAGS
-flags.DEFINE_list("batch_sizes", ["16", "256"], "Batch sizes to time.")
-flags.DEFINE_list("backends", None,
-                  "Backends to run (default: all of tab.BACKENDS).")
-flags.DEFINE_list("programs", list(PROGRAMS), "Programs to run.")
-flags.DEFINE_integer("repeats", 2, "Timed runs per cell (median).")
-flags.DEFINE_integer("seed", 0, "Seed of the inputs.")
-flags.DEFINE_boolean("tfp_reference", True,
-                     "Also time TFP's reference autobatching under XLA.")
-flags.DEFINE_boolean("ir2", False, "Also print the lowered IR-2.")
-flags.DEFINE_float("max_call_sec", 5.0,
-                   "A backend whose warm call takes longer than this is "
-                   "timed once, and not run at larger batch sizes.")
-flags.DEFINE_float("time_budget_sec", 100.0,
-                   "Skip the remaining timing cells after this many seconds.")
-
-
-def _inputs(program, size, seed):
-  low, high = RANGES[program]
-  rng = np.random.default_rng([seed, list(PROGRAMS).index(program)])
-  return rng.integers(low, high, size=size).astype(np.int32)
-
-
-def _unbatched(fn, xs):
-  return np.array([bench._to_numpy(fn.run_unbatched(tf.constant(x)))  # pylint: disable=protected-access
-                   for x in xs], dtype=xs.dtype)
-
-
-def _rule(title):
-  print()
-  print("=" * 78)
-  print(title)
-  print("=" * 78)
-
-
-# Timing order: the compiled backends first (with TFP's reference right after
-# pc:xla), the op-by-op debugging backend last, so that a spent time budget
-# cuts the least interesting cells.
-_ORDER = ("pc:xla", "pc:graph", "local:eager_xla", "local:eager", "pc:eager")
-
-
-def _ordered(backends):
-  return sorted(backends, key=lambda b: (
-      _ORDER.index(b) if b in _ORDER else len(_ORDER), backends.index(b)))
-
-
-def _time_cell(call, xs):
-  """(first output, first-call s, median s per warm call, warm runs timed).
-
-  The programs benchmark's timing: one warm call, and if it is not slower
-  than --max_call_sec, --repeats timed runs of enough calls for ~20 ms.
-  """
-  out, first, times, _ = bench.time_batched(
-      call, xs, FLAGS.repeats, min_run_sec=0.02, max_calls_per_run=20,
-      slow_call_sec=FLAGS.max_call_sec)
-  return out, first, float(np.median(times)), len(times)
-
-
-def run_program(program, backends, batch_sizes, deadline):
-  """Checks and times `program`; returns (all correct, timing records).
-
-  At the smallest batch size every backend's first call is compared with
-  `fn.run_unbatched` on each example (the original Python function run on
-  one example in eager TF); at larger sizes with exact integer Python.
-  """
-  fn = PROGRAMS[program]
-  xs_check = _inputs(program, batch_sizes[0], FLAGS.seed)
-  start = time.perf_counter()
-  unbatched = _unbatched(fn, xs_check)
-  print("{} examples, n = {}".format(len(xs_check), xs_check.tolist()))
-  print("run_unbatched, one example at a time ({:.2f}s): {}".format(
-      time.perf_counter() - start, unbatched.tolist()))
-  systems = _ordered(list(backends))
-  if FLAGS.tfp_reference:  # the peer, right after our XLA backend
-    at = systems.index("pc:xla") + 1 if "pc:xla" in systems else 0
-    systems.insert(at, "tfp_reference:xla")
-  ok, records, notes = True, [], []
-  for system in systems:
-    if system.startswith("tfp_reference:"):
-      call = tfp_ref.make_tfp_reference(program, system.split(":", 1)[1])
-    else:
-      call = lambda xs, b=system: bench._to_numpy(fn(xs, backend=b))  # pylint: disable=protected-access,cell-var-from-loop
-    for size in batch_sizes:
-      if time.monotonic() > deadline:
-        notes.append("time budget spent: {} at batch {}+ not run".format(
-            system, size))
-        break
-      xs = _inputs(program, size, FLAGS.seed)
-      try:
-        out, first, median, timed = _time_cell(call, xs)
-      except Exception as e:  # pylint: disable=broad-except
-        print("  {:<18} batch {:>4}: FAILED {}: {}".format(
-            system, size, type(e).__name__, e))
-        ok = False
-        break
-      expected = unbatched if size == batch_sizes[0] else (
-          tfp_ref.plain_python(program, xs))
-      correct = out.shape == expected.shape and np.array_equal(out, expected)
-      ok &= correct
-      print("  {:<18} batch {:>4}: {} {}".format(
-          system, size,
-          "OK" if correct else "MISMATCH " + str(out.tolist()),
-          "(= run_unbatched)" if size == batch_sizes[0] else
-          "(= plain Python)"))
-      records.append({
-          "program": program, "system": system, "batch_size": size,
-          "examples_per_sec": size / median, "first_call_sec": first,
-          "correct": bool(correct)})
-      if system == "pc:xla" and size == batch_sizes[-1]:
-        notes.append("last_stats (pc:xla, batch {}): {}".format(
-            size, fn.last_stats))
-      if timed == 1:
-        notes.append("{} takes {:.1f}s per call at batch {}: timed once, "
-                     "larger batches not run".format(system, median, size))
-        break
-  print()
-  print(bench.format_table(records))
-  for note in notes:
-    print("  " + note)
-  return ok, records
+FLAGS = nuts_bench.define_flags(
+    problem=["logistic_regression"], systems=list(nuts_bench.DEMO_SYSTEMS),
+    batch_sizes=["4", "16", "64"], num_results=5, num_burnin=1,
+    output="benchmarks/results/nuts_demo.json",
+    plot="benchmarks/results/nuts_demo.png", max_step_sec=20.0)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError("unexpected arguments: {}".format(argv[1:]))
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   started = time.monotonic()
-  backends = list(FLAGS.backends or tab.BACKENDS)
-  unknown = [b for b in backends if b not in tab.BACKENDS]
-  if unknown:
-    print("Skipping backends unknown to tfp_autobatch: {} (known: {})".format(
-        unknown, list(tab.BACKENDS)))
-    backends = [b for b in backends if b in tab.BACKENDS]
-  batch_sizes = sorted(set(int(b) for b in FLAGS.batch_sizes))
-  machine = bench.machine_info()
-  print("tfp_autobatch demo on {} ({} cores), TF {}, TFP {}".format(
-      machine["cpu_model"], machine["usable_cores"], machine["tensorflow"],
-      machine["tensorflow_probability"]))
-  print("backends: {}".format(", ".join(backends)))
-
-  all_ok, records = True, []
-  for k, program in enumerate(FLAGS.programs):
-    fn = PROGRAMS[program]
-    _rule("{}: IR-1 (print(fn.ir()))".format(program))
-    print(fn.ir())
-    _rule("{}: check against per-example Python, and time "
-          "(n in [{}, {}))".format(program, *RANGES[program]))
-    # Each program gets an equal share of what is left of the budget.
-    left = FLAGS.time_budget_sec - (time.monotonic() - started)
-    deadline = time.monotonic() + left / (len(FLAGS.programs) - k)
-    ok, program_records = run_program(program, backends, batch_sizes,
-                                      deadline)
-    all_ok &= ok
-    records += program_records
-    if FLAGS.ir2:
-      _rule("{}: IR-2 (print(fn.ir(level=2)), typed by the last call)"
-            .format(program))
-      try:
-        print(fn.ir(level=2))
-      except Exception as e:  # pylint: disable=broad-except
-        print("IR-2 not available: {}: {}".format(type(e).__name__, e))
-
-  ratios = bench.format_ratios(records)
-  if ratios:
-    print()
-    print(ratios)
-  print()
-  print("demo finished in {:.0f}s: {}".format(
-      time.monotonic() - started,
-      "all results correct" if all_ok else "SOME RESULTS WRONG"))
-  sys.exit(0 if all_ok else 1)
+  print("Batched recursive NUTS (nuts.NoUTurnSampler on tfp_autobatch) "
+        "against TFP's NUTS kernels")
+  print(f"problem(s): {', '.join(FLAGS.problem)}; systems: "
+        f"{', '.join(FLAGS.systems)}; chains: {', '.join(FLAGS.batch_sizes)}; "
+        f"{FLAGS.num_results} timed steps after {FLAGS.num_burnin} warm-up")
+  print("(the first step of each system and batch size converts and "
+        "compiles: tens of seconds each)")
+  payload = nuts_bench.run_from_flags(FLAGS)
+  lines = nuts_report.format_targets(payload["records"])
+  if lines:
+    print("\nThe issue's targets (reported, not tested; noisy on a shared "
+          "machine):")
+    print("\n".join(lines))
+  ours = set(nuts_systems.OUR_BACKENDS)
+  failed = [s for s in payload["skipped"] if s["system"] in ours]
+  print(f"\ndemo finished in {time.monotonic() - started:.0f}s"
+        + (": OUR SYSTEMS FAILED: " + "; ".join(
+            f"{s['system']}: {s['reason']}" for s in failed)
+           if failed else ""))
+  sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,450 @@
+r"""Benchmark: batched NUTS, ours against peers (Radul et al. 2020, Figs. 6-7).
+
+Usage:
+
+  python -m benchmarks.nuts --problem=logistic_regression \
+      --systems=pc:xla,pc:graph,local:eager,local:eager_xla,unbatched,tfp_reference,tfp_iterative,stan,limit \
+      --batch_sizes=1,4,16,64,256 --num_results=10 --num_burnin=2 \
+      --output=benchmarks/results/nuts.json --plot=benchmarks/results/nuts.png
+  python -m benchmarks.nuts --problem=correlated_gaussian \
+      --systems=pc:xla,local:eager_xla --num_trajectories_per_step=1,10 \
+      --batch_sizes=1,4,16,64 ...                        # Fig. 7
+  python -m benchmarks.nuts --from_json=benchmarks/results/nuts.json \
+      --plot=benchmarks/results/nuts.png        # re-plot, no run
+
+Problems (`benchmarks/nuts_problems.py`): the paper's 100-d Bayesian
+logistic regression on 10,000 synthetic points (Fig. 6) and a 100-d
+correlated Gaussian (Fig. 7); systems: `benchmarks/nuts_systems.py`.  All
+systems get the same target, the same starting points (the first
+`batch_size` of one seeded pool, near the posterior) and the same fixed step
+size (`--step_size`, per-problem defaults; TFP's reference kernel cannot
+adapt it), `--max_tree_depth` and `--unrolled_leapfrog_steps` (the paper
+used 4 leapfrog steps per leaf; the default here is standard NUTS, 1).
+
+Per system, `--num_trajectories_per_step` value and batch size (number of
+chains), one run: the first MCMC step (`first_call_sec`: conversion,
+tracing and compilation, plus one step), `--num_burnin` - 1 more untimed
+steps, then `--num_results` timed steps whose states are kept.  Recorded:
+
+- `grads_per_sec`: gradients the chains' trajectories used (sum of their
+  leapfrog steps, as in the paper), summed over chains, per second;
+- `grads_computed` and `utilization` = used / computed.  Our kernel counts
+  the gradients its batch computed (`num_grads_computed`: the backend's
+  batched leaf calls x chains); TFP's reference reports its own count;
+  for `tfp_iterative`, which runs chains in lockstep, it is estimated as
+  chains x the longest chain's leapfrogs per step
+  (`computed_is_estimate: true`).  For Fig. 7, run the correlated Gaussian
+  with `--num_trajectories_per_step=1,10`;
+- `sec_per_step`, `accept_rate` (mean acceptance statistic; `None` for
+  systems that do not report it), `ess_per_sec` (minimum over dimensions of
+  `tfp.mcmc.effective_sample_size` of the kept states, cross-chain when
+  there are several chains, over the timed seconds; noisy with few
+  results).
+- `unbatched` runs its first `--unbatched_cap` chains one after the other,
+  Stan one chain (`--stan_num_results` draws; its per-chain rate stands for
+  every batch size, since Stan runs one chain per process): their rates
+  are per chain and `extrapolated: true` where the batch is larger;
+  `sec_per_step` is scaled to the batch.
+- `limit` times `--limit_leapfrogs` batched leapfrog steps per "step".
+
+The output JSON is `{"machine": ..., "config": ..., "records": [...],
+"skipped": [...]}` (the programs benchmark's format and machine
+description).
+"""
+import math
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from benchmarks import nuts_problems
+from benchmarks import nuts_report
+from benchmarks import nuts_systems
+from benchmarks import programs as bench
+
+SYSTEMS = nuts_systems.SYSTEMS
+DEMO_SYSTEMS = ("pc:xla", "tfp_reference", "tfp_iterative", "limit")
+RECORD_KEYS = ("system", "problem", "batch_size", "grads_per_sec",
+               "utilization", "sec_per_step", "first_call_sec", "accept_rate",
+               "ess_per_sec")
+
+
+def min_ess(draws):
+  """Minimum over dimensions of the effective sample size of `draws`
+  [results, chains, d] (cross-chain when chains > 1), or None."""
+  n, chains, _ = draws.shape
+  if n < 2:
+    return None
+  x = tf.constant(draws, tf.float64)
+  if chains > 1:
+    ess = tfp.mcmc.effective_sample_size(x, cross_chain_dims=1)
+  else:
+    ess = tfp.mcmc.effective_sample_size(x)[0]
+  value = float(tf.reduce_min(ess))
+  return value if math.isfinite(value) and value > 0 else None
+
+
+# The programs benchmark's tqdm handling (None when tqdm is missing).
+_tqdm = bench._tqdm  # pylint: disable=protected-access
+_progress = bench._progress  # pylint: disable=protected-access
+
+
+def _inner_bar(total, enabled, desc):
+  if enabled and _tqdm is not None:
+    return _tqdm.tqdm(total=total, desc=desc, unit="step", leave=False,
+                      file=sys.stderr, dynamic_ncols=True)
+  return None
+
+
+def measure(system, problem, settings, init, num_burnin, num_results,
+            progress=False):
+  """Runs `system` on chains starting at `init`; returns its record."""
+  warm = max(num_burnin, 1)   # the first call is the first burn-in step
+  bar = _inner_bar(warm + num_results, progress, f"{system} x{len(init)}")
+  start = time.perf_counter()
+  stepper = nuts_systems.make_stepper(system, problem, settings, init)
+  stepper.step(0)
+  first_call_sec = time.perf_counter() - start
+  if bar is not None:
+    bar.update(1)
+  for i in range(1, warm):
+    stepper.step(i)
+    if bar is not None:
+      bar.update(1)
+  draws, used, computed, accept = [], 0, 0, []
+  start = time.perf_counter()
+  for i in range(warm, warm + num_results):
+    out = stepper.step(i)
+    draws.append(out.state)
+    used += out.grads_used
+    computed += out.grads_computed
+    if out.accept_stat is not None:
+      accept.append(out.accept_stat)
+    if bar is not None:
+      bar.update(1)
+  timed_sec = time.perf_counter() - start
+  if bar is not None:
+    bar.close()
+  chains, batch = stepper.chains_run, len(init)
+  # (limit's states are leapfrog end points, not MCMC draws.)
+  ess = min_ess(np.stack(draws)) if draws and system != "limit" else None
+  k = (settings.num_trajectories_per_step
+       if system in nuts_systems.FUSING else 1)
+  record = _record(
+      system, problem, settings, batch, k, first_call_sec=first_call_sec,
+      timed_sec=timed_sec, num_results=num_results, grads_used=used,
+      grads_computed=computed, chains_run=chains,
+      computed_is_estimate=bool(stepper.computed_is_estimate),
+      accept=np.mean(accept) if accept else None, ess=ess,
+      trajectories=chains * num_results * k)
+  notes = []
+  if system == "limit":
+    record["leapfrogs_per_step"] = settings.limit_leapfrogs
+    notes.append("raw batched leapfrog loop; a step is "
+                 f"{settings.limit_leapfrogs} leapfrog steps")
+  elif system == "unbatched" and chains < batch:
+    notes.append(f"one chain at a time; timed {chains} chains, rate per "
+                 "chain extrapolated to the batch")
+  if record["computed_is_estimate"]:
+    notes.append(nuts_systems.COMPUTED_ESTIMATE_NOTE)
+  if notes:
+    record["note"] = "; ".join(notes)
+  if system in nuts_systems.TRACEABLE:
+    record["traced_kernel"] = settings.trace_kernel
+  return record
+
+
+def _record(system, problem, settings, batch, k, first_call_sec, timed_sec,
+            num_results, grads_used, grads_computed, chains_run,
+            computed_is_estimate, accept, ess, trajectories):
+  """One JSON record; rates of `chains_run` < `batch` chains stand for the
+  batch (they ran one after the other)."""
+  scale = batch / chains_run
+  return {
+      "system": system, "problem": problem.name, "batch_size": batch,
+      "num_trajectories_per_step": k,
+      "grads_per_sec": grads_used / timed_sec,
+      "utilization": grads_used / max(grads_computed, 1),
+      "sec_per_step": timed_sec / num_results * scale,
+      "first_call_sec": first_call_sec,
+      "accept_rate": None if accept is None else float(accept),
+      "ess_per_sec": None if ess is None else ess / timed_sec,
+      "ess_min": ess,
+      "grads_used": grads_used, "grads_computed": grads_computed,
+      "computed_is_estimate": computed_is_estimate,
+      "mean_leapfrogs_per_trajectory": grads_used / max(trajectories, 1),
+      "num_results": num_results, "timed_sec": timed_sec,
+      "step_size": settings.step_size, "num_dims": problem.num_dims,
+      "chains_run": chains_run, "extrapolated": chains_run < batch,
+  }
+
+
+def measure_stan(problem, settings, init, batch_sizes, num_results):
+  """Stan's single-chain rates, one record per batch size."""
+  stan = nuts_systems.Stan(problem, settings, init[:1])
+  run = stan.run(num_results)
+  accept = float(np.mean(run.accept_stat))
+  ess = min_ess(run.draws)
+  records = []
+  for batch in batch_sizes:
+    record = _record(
+        "stan", problem, settings, batch, 1, first_call_sec=run.build_sec,
+        timed_sec=run.sample_sec, num_results=num_results,
+        grads_used=run.grads_used, grads_computed=run.grads_used,
+        chains_run=1, computed_is_estimate=False, accept=accept, ess=ess,
+        trajectories=num_results)
+    record["wall_sec"] = run.wall_sec
+    record["step_size"] = run.step_size
+    record["note"] = (
+        "Stan runs one chain per process: single-chain rate, timed by "
+        + ("the wall clock of the whole pystan call (Stan's own clock read "
+           "0)" if run.sample_sec == run.wall_sec else
+           "Stan's own sampling clock (wall_sec: the whole pystan call)")
+        + "; first_call_sec is the model build (C++ compilation, cached by "
+        "httpstan); step size after Stan's initial heuristic")
+    records.append(record)
+  return records
+
+
+def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
+                   batch_sizes=(1, 4, 16, 64), num_results=10, num_burnin=2,
+                   num_trajectories_per_step=(1,), seed=0, step_size=None,
+                   max_tree_depth=10, unrolled_leapfrog_steps=1,
+                   num_dims=None, num_data=None, trace_kernel=True,
+                   unbatched_cap=4, limit_leapfrogs=64, stan_num_results=200,
+                   max_step_sec=60.0, progress=True, log=None):
+  """Runs the benchmark; returns `(records, skipped)` (see the module doc).
+
+  A system that fails or cannot run is skipped with its reason; once a
+  step takes longer than `max_step_sec`, its larger batch sizes are.
+  """
+  for system in systems:
+    if system not in SYSTEMS:
+      raise ValueError(f"unknown system {system!r}; systems: {list(SYSTEMS)}")
+  for problem in problems:
+    if problem not in nuts_problems.PROBLEMS:
+      raise ValueError(f"unknown problem {problem!r}; problems: "
+                       f"{list(nuts_problems.PROBLEMS)}")
+  if num_results < 1 or num_burnin < 0:
+    raise ValueError("--num_results must be at least 1 and --num_burnin at "
+                     f"least 0; got {num_results} and {num_burnin}")
+  batch_sizes = sorted(set(int(b) for b in batch_sizes))
+  ks = sorted(set(int(k) for k in num_trajectories_per_step))
+  cells = [(p, s, k) for p in problems for s in systems
+           for k in (ks if s in nuts_systems.FUSING else [1])]
+  bar = _progress(len(cells) * len(batch_sizes), progress)
+  log = log or (bar.write if bar is not None else print)
+  records, skipped = [], []
+
+  def skip(problem, system, k, batch, reason, count):
+    skipped.append({"problem": problem, "system": system,
+                    "num_trajectories_per_step": k, "batch_size": batch,
+                    "reason": reason})
+    log(f"SKIP {system} on {problem}"
+        f"{'' if batch is None else f' (batch size {batch}+)'}: {reason}")
+    if bar is not None:
+      bar.update(count)
+
+  problem_objects = {}
+  for name, system, k in cells:
+    if name not in problem_objects:
+      problem_objects[name] = nuts_problems.make_problem(
+          name, num_dims, num_data if name == "logistic_regression" else None,
+          seed)
+    problem = problem_objects[name]
+    settings = nuts_systems.Settings(
+        step_size if step_size is not None else problem.step_size,
+        max_tree_depth, unrolled_leapfrog_steps, k, seed, trace_kernel,
+        unbatched_cap, limit_leapfrogs)
+    pool = problem.initial_state(max(batch_sizes))
+    if bar is not None:
+      bar.set_postfix_str(f"{name} {system} k={k}")
+    if system == "stan":
+      try:
+        records += measure_stan(problem, settings, pool, batch_sizes,
+                                stan_num_results)
+        if bar is not None:
+          bar.update(len(batch_sizes))
+      except Exception as e:  # pylint: disable=broad-except
+        skip(name, system, k, None, _reason(e, log), len(batch_sizes))
+      continue
+    for i, batch in enumerate(batch_sizes):
+      try:
+        record = measure(system, problem, settings, pool[:batch], num_burnin,
+                         num_results, progress)
+      except Exception as e:  # pylint: disable=broad-except
+        skip(name, system, k, batch, _reason(e, log), len(batch_sizes) - i)
+        break
+      records.append(record)
+      if bar is not None:
+        bar.update(1)
+      if record["sec_per_step"] > max_step_sec and i + 1 < len(batch_sizes):
+        skip(name, system, k, batch_sizes[i + 1],
+             f"a step took {record['sec_per_step']:.1f}s > --max_step_sec="
+             f"{max_step_sec}", len(batch_sizes) - i - 1)
+        break
+  if bar is not None:
+    bar.close()
+  return records, skipped
+
+
+def _reason(error, log):
+  if isinstance(error, nuts_systems.SkipSystem):
+    return str(error)
+  if os.environ.get("BENCH_TRACEBACK"):
+    log(traceback.format_exc())
+  first_line = str(error).strip().splitlines()[0][:300] if str(
+      error).strip() else ""
+  return f"failed: {type(error).__name__}: {first_line}"
+
+
+def benchmark(output=None, plot_path=None, **kwargs):
+  """Runs, prints and saves the benchmark; returns the JSON payload.
+
+  Arguments are those of `run_benchmarks`, plus `output` (JSON path or
+  None) and `plot_path` (PNG path or None).
+  """
+  machine = bench.machine_info()
+  config = dict(kwargs, command=" ".join(
+      [os.path.basename(sys.executable)] + sys.argv))
+  config.pop("log", None)
+  config["step_size_defaults"] = dict(nuts_problems.DEFAULT_STEP_SIZES)
+  records, skipped = run_benchmarks(**kwargs)
+  print()
+  nuts_report.report(records, skipped, machine)
+  if output:
+    bench.write_json(output, machine, _jsonable(config), records, skipped)
+    print(f"\nwrote {output}")
+  if plot_path and records:
+    nuts_report.plot(records, plot_path)
+    print(f"wrote {plot_path}")
+  return {"machine": machine, "config": config, "records": records,
+          "skipped": skipped}
+
+
+def _jsonable(config):
+  return {k: list(v) if isinstance(v, tuple) else v
+          for k, v in config.items()}
+
+
+# ---------------------------------------------------------------------------
+# Command line.  Flags are defined only when run as a program (or by the
+# demo), so importing this module defines none.
+# ---------------------------------------------------------------------------
+
+def define_flags(flag_values=None, **defaults):
+  """Defines the flags on `flag_values` (default absl's); `defaults`
+  overrides default values by flag name (the demo's smaller run)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  fv = flags.FLAGS if flag_values is None else flag_values
+
+  def d(name, value):
+    return defaults.get(name, value)
+  flags.DEFINE_list("problem", d("problem", ["logistic_regression"]),
+                    f"Problems: {', '.join(nuts_problems.PROBLEMS)}.",
+                    flag_values=fv)
+  flags.DEFINE_list("systems", d("systems", list(SYSTEMS)),
+                    f"Systems: {', '.join(SYSTEMS)}.", flag_values=fv)
+  flags.DEFINE_list("batch_sizes", d("batch_sizes", ["1", "4", "16", "64"]),
+                    "Numbers of chains.", flag_values=fv)
+  flags.DEFINE_integer("num_results", d("num_results", 10),
+                       "Timed MCMC steps (states kept for ESS).",
+                       flag_values=fv)
+  flags.DEFINE_integer("num_burnin", d("num_burnin", 2),
+                       "Untimed MCMC steps first (the first one is the "
+                       "first call).", flag_values=fv)
+  flags.DEFINE_list("num_trajectories_per_step",
+                    d("num_trajectories_per_step", ["1"]),
+                    "Trajectories fused per step, e.g. 1,10 (Fig. 7); for "
+                    "our systems, unbatched and tfp_reference.",
+                    flag_values=fv)
+  flags.DEFINE_integer("seed", d("seed", 0), "Seed of data, starts and MCMC.",
+                       flag_values=fv)
+  flags.DEFINE_string("output", d("output", "benchmarks/results/nuts.json"),
+                      "Where to write the JSON results ('' for nowhere).",
+                      flag_values=fv)
+  flags.DEFINE_string("plot", d("plot", ""),
+                      "Where to write the PNG plot ('' for none).",
+                      flag_values=fv)
+  flags.DEFINE_float("step_size", d("step_size", None),
+                     "Step size for every system (default per problem: "
+                     + ", ".join(f"{k} {v}" for k, v in
+                                 nuts_problems.DEFAULT_STEP_SIZES.items())
+                     + ").", flag_values=fv)
+  flags.DEFINE_integer("max_tree_depth", d("max_tree_depth", 10),
+                       "NUTS maximum tree depth.", flag_values=fv)
+  flags.DEFINE_integer("unrolled_leapfrog_steps",
+                       d("unrolled_leapfrog_steps", 1),
+                       "Leapfrog steps per tree leaf (the paper used 4).",
+                       flag_values=fv)
+  flags.DEFINE_integer("num_dims", d("num_dims", None),
+                       "Override the problem's dimension (default 100).",
+                       flag_values=fv)
+  flags.DEFINE_integer("num_data", d("num_data", None),
+                       "Override logistic regression's data points "
+                       "(default 10,000).", flag_values=fv)
+  flags.DEFINE_boolean("trace_kernel", d("trace_kernel", True),
+                       "Run pc backends' one_step in tf.function; false: "
+                       "eagerly (the batched program still compiled).",
+                       flag_values=fv)
+  flags.DEFINE_integer("unbatched_cap", d("unbatched_cap", 4),
+                       "unbatched runs at most this many chains.",
+                       flag_values=fv)
+  flags.DEFINE_integer("limit_leapfrogs", d("limit_leapfrogs", 64),
+                       "Leapfrog steps per limit call.", flag_values=fv)
+  flags.DEFINE_integer("stan_num_results", d("stan_num_results", 200),
+                       "Draws of Stan's single chain.", flag_values=fv)
+  flags.DEFINE_float("max_step_sec", d("max_step_sec", 60.0),
+                     "Skip a system's larger batches once a step takes "
+                     "longer than this.", flag_values=fv)
+  flags.DEFINE_boolean("progress", d("progress", True), "Progress bars.",
+                       flag_values=fv)
+  flags.DEFINE_string("from_json", d("from_json", ""),
+                      "Print and plot the results in this JSON instead of "
+                      "running.", flag_values=fv)
+  return fv
+
+
+def run_from_flags(fv):
+  """Runs (or, with --from_json, re-reports) as the parsed flags `fv` say."""
+  if fv.from_json:
+    import json  # pylint: disable=g-import-not-at-top
+    with open(fv.from_json) as f:
+      payload = json.load(f)
+    nuts_report.report(payload["records"], payload["skipped"],
+                       payload["machine"])
+    if fv.plot:
+      nuts_report.plot(payload["records"], fv.plot)
+      print(f"wrote {fv.plot}")
+    return payload
+  return benchmark(
+      output=fv.output or None, plot_path=fv.plot or None,
+      problems=tuple(fv.problem), systems=tuple(fv.systems),
+      batch_sizes=tuple(int(b) for b in fv.batch_sizes),
+      num_results=fv.num_results, num_burnin=fv.num_burnin,
+      num_trajectories_per_step=tuple(
+          int(k) for k in fv.num_trajectories_per_step),
+      seed=fv.seed, step_size=fv.step_size, max_tree_depth=fv.max_tree_depth,
+      unrolled_leapfrog_steps=fv.unrolled_leapfrog_steps,
+      num_dims=fv.num_dims, num_data=fv.num_data,
+      trace_kernel=fv.trace_kernel, unbatched_cap=fv.unbatched_cap,
+      limit_leapfrogs=fv.limit_leapfrogs,
+      stan_num_results=fv.stan_num_results, max_step_sec=fv.max_step_sec,
+      progress=fv.progress)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise SystemExit(f"unexpected arguments: {argv[1:]}")
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  run_from_flags(flags.FLAGS)
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=g-import-not-at-top
+  define_flags()
+  app.run(main)

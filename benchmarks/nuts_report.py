@@ -1,0 +1,204 @@
+"""Tables and plots of the NUTS benchmark's records (`benchmarks/nuts.py`).
+
+`format_table` (gradients/s per system and number of chains),
+`format_details` (every measurement), `format_ratios` (pc:xla over each
+system) and `plot` (the paper's Fig. 6 and Fig. 7 from the JSON records).
+"""
+import os
+
+from benchmarks import programs as bench
+
+BASELINE = "pc:xla"
+_fmt_rate = bench._fmt_rate  # pylint: disable=protected-access
+
+
+def label(record):
+  """The system's name, with the trajectories per step when fused."""
+  k = record.get("num_trajectories_per_step", 1)
+  return record["system"] + ("" if k == 1 else f" k={k}")
+
+
+def _labels(records):
+  out = []
+  for r in records:
+    if label(r) not in out:
+      out.append(label(r))
+  return out
+
+
+def _render(header, rows):
+  widths = [max(len(h), *(len(row[i]) for row in rows))
+            for i, h in enumerate(header)]
+  lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)),
+           "  ".join("-" * w for w in widths)]
+  return lines + ["  ".join(c.rjust(w) for c, w in zip(row, widths))
+                  for row in rows]
+
+
+def format_table(records):
+  """Gradients/s (utilisation) per problem and batch size, a column per
+  system; * marks rates extrapolated from fewer chains."""
+  if not records:
+    return "(no measurements)"
+  labels = _labels(records)
+  by_key = {(r["problem"], r["batch_size"], label(r)): r for r in records}
+  rows = []
+  for problem in dict.fromkeys(r["problem"] for r in records):
+    for batch in sorted({r["batch_size"] for r in records
+                         if r["problem"] == problem}):
+      row = [problem, str(batch)]
+      for name in labels:
+        r = by_key.get((problem, batch, name))
+        row.append("-" if r is None else "{} ({:.2f}){}".format(
+            _fmt_rate(r["grads_per_sec"]), r["utilization"],
+            "*" if r.get("extrapolated") else ""))
+      rows.append(row)
+  lines = _render(["problem", "chains"] + labels, rows)
+  lines.append("cells: model gradients/s used by the chains, summed over "
+               "chains (utilisation = used / computed); * = per-chain rate "
+               "extrapolated")
+  return "\n".join(lines)
+
+
+def format_details(records):
+  """One line per record: every measurement."""
+  def fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+  rows = [[r["problem"], label(r), str(r["batch_size"]),
+           _fmt_rate(r["grads_per_sec"]),
+           fmt(r["utilization"], ".2f") + ("~" if r.get(
+               "computed_is_estimate") else ""),
+           fmt(r["sec_per_step"], ".4f"), fmt(r["first_call_sec"], ".1f"),
+           fmt(r["accept_rate"], ".2f"), fmt(r["ess_per_sec"], ".3g")]
+          for r in records]
+  if not rows:
+    return "(no measurements)"
+  lines = _render(["problem", "system", "chains", "grads/s", "util",
+                   "s/step", "first call s", "accept", "ESS/s"], rows)
+  if any(r.get("computed_is_estimate") for r in records):
+    lines.append("~ = computed gradients estimated (chains in lockstep)")
+  return "\n".join(lines)
+
+
+def format_ratios(records, base=BASELINE):
+  """`base`'s gradients/s over each other system's, per batch size."""
+  by_key = {(r["problem"], r["batch_size"], label(r)): r for r in records}
+  others = [name for name in _labels(records) if name != base]
+  keys = sorted({(p, b) for (p, b, s) in by_key if s == base})
+  if not keys or not others:
+    return ""
+  rows = []
+  for problem, batch in keys:
+    ours = by_key[(problem, batch, base)]["grads_per_sec"]
+    rows.append([problem, str(batch)] + [
+        "-" if (problem, batch, name) not in by_key else "{:.2f}x".format(
+            ours / by_key[(problem, batch, name)]["grads_per_sec"])
+        for name in others])
+  lines = [f"gradients/s of {base} over each system's (> 1: {base} faster)"]
+  lines += _render(["problem", "chains"] + [f"/ {n}" for n in others], rows)
+  return "\n".join(lines)
+
+
+# A colour per system (fixed, so that plots compare); fused runs dashed.
+_COLOURS = {"pc:xla": "C0", "pc:graph": "C1", "local:eager": "C2",
+            "local:eager_xla": "C3", "unbatched": "C4",
+            "tfp_reference": "C5", "tfp_iterative": "C6", "stan": "C7",
+            "limit": "black"}
+
+
+def _style(record):
+  fused = record.get("num_trajectories_per_step", 1) > 1
+  return {"color": _COLOURS.get(record["system"], "C8"),
+          "linestyle": ("-." if record["system"] == "limit" else
+                        ":" if record["system"] in ("stan", "unbatched") else
+                        "--" if fused else "-"),
+          "marker": "s" if fused else "o"}
+
+
+def plot(records, path):
+  """The paper's Fig. 6 (gradients/s against chains, log-log) and Fig. 7
+  (utilisation against chains), a row per problem."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  problems = list(dict.fromkeys(r["problem"] for r in records))
+  if not problems:
+    return
+  fig, axes = plt.subplots(len(problems), 2, figsize=(12, 4.5 * len(problems)),
+                           squeeze=False)
+  for (ax_rate, ax_util), problem in zip(axes, problems):
+    mine = [r for r in records if r["problem"] == problem]
+    for name in _labels(mine):
+      rs = sorted((r for r in mine if label(r) == name),
+                  key=lambda r: r["batch_size"])
+      sizes = [r["batch_size"] for r in rs]
+      style = _style(rs[0])
+      ax_rate.plot(sizes, [r["grads_per_sec"] for r in rs], label=name,
+                   **style)
+      if rs[0]["system"] not in ("limit", "stan", "unbatched"):
+        ax_util.plot(sizes, [r["utilization"] for r in rs], label=name,
+                     **style)
+    ax_rate.set_xscale("log", base=2)
+    ax_rate.set_yscale("log")
+    ax_rate.set_ylabel("model gradients / second (used, all chains)")
+    ax_rate.set_title(f"{problem}: throughput (cf. Fig. 6)")
+    ax_util.set_xscale("log", base=2)
+    ax_util.set_ylim(0, 1.05)
+    ax_util.set_ylabel("gradient utilisation (used / computed)")
+    ax_util.set_title(f"{problem}: utilisation (cf. Fig. 7)")
+    for ax in (ax_rate, ax_util):
+      ax.set_xlabel("number of chains")
+      ax.grid(True, which="both", alpha=0.3)
+      if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+# The issue's targets for logistic regression: (system, least ratio of
+# pc:xla's gradients/s to the system's, from this many chains on).
+TARGETS = (("tfp_reference", 1.5, 1), ("tfp_iterative", 1.0, 1),
+           ("limit", 0.6, 64), ("stan", 1.0, 16))
+
+
+def format_targets(records, targets=TARGETS, base=BASELINE,
+                   problem="logistic_regression"):
+  """Lines saying, per target, the measured ratios and whether it is met
+  (targets whose systems were not measured are left out)."""
+  by_key = {(r["problem"], r["batch_size"], label(r)): r for r in records}
+  lines = []
+  for system, least, from_chains in targets:
+    pairs = sorted(
+        (b, by_key[(p, b, base)]["grads_per_sec"] / r["grads_per_sec"])
+        for (p, b, name), r in by_key.items()
+        if name == system and p == problem and b >= from_chains
+        and (p, b, base) in by_key)
+    if pairs:
+      met = all(ratio >= least for _, ratio in pairs)
+      lines.append("  {} >= {:g}x {} from {} chains: {} ({})".format(
+          base, least, system, from_chains, "met" if met else "NOT met",
+          ", ".join(f"{b} chains {ratio:.2f}x" for b, ratio in pairs)))
+  return lines
+
+
+def report(records, skipped, machine=None):
+  """Prints the tables, ratios and skips."""
+  if machine is not None:
+    print("Machine: {} ({} usable cores), TF {}, TFP {}, {}".format(
+        machine["cpu_model"], machine["usable_cores"], machine["tensorflow"],
+        machine["tensorflow_probability"], machine["date"]))
+  print(format_table(records))
+  print()
+  print(format_details(records))
+  ratios = format_ratios(records)
+  if ratios:
+    print()
+    print(ratios)
+  if skipped:
+    print("\nSkipped:")
+    for s in skipped:
+      print("  {} on {}{}: {}".format(
+          s["system"], s["problem"], "" if s["batch_size"] is None else
+          " from batch size {}".format(s["batch_size"]), s["reason"]))

@@ -1,0 +1,323 @@
+"""The samplers the NUTS benchmark (`benchmarks/nuts.py`) times, behind one
+small interface.
+
+Each system is a class built from `(problem, settings, init)` whose
+`step(i)` runs MCMC step `i` for its chains (the first call also traces,
+converts and compiles) and returns a `StepOutcome`:
+
+- ours (`pc:xla`, `pc:graph`, `local:eager`, `local:eager_xla`):
+  `nuts.NoUTurnSampler` with that backend; the pc backends' `one_step` runs
+  inside `tf.function` (as `tfp.mcmc.sample_chain` is normally used) unless
+  `settings.trace_kernel` is false (then eagerly, the batched program still
+  compiled);
+- `unbatched`: the same single-chain program (`nuts.tree.make_program`) run
+  with `run_unbatched`, i.e. plain Python and eager TF, one chain after the
+  other (the paper's Eager baseline); only the first `unbatched_cap` chains
+  are run;
+- `tfp_reference`: `tfp.experimental.mcmc.NoUTurnSampler` (TFP's own
+  autobatched NUTS) in `tf.function(jit_compile=True)`;
+- `tfp_iterative`: `tfp.mcmc.NoUTurnSampler` in `tf.function(jit_compile=True)`;
+- `limit`: a raw batched leapfrog loop in `tf.function(jit_compile=True)`:
+  the most gradients per second the hardware gives at that batch size.
+
+Stan is different (one chain per process, all steps in one call), so `Stan`
+has `run(num_burnin, num_results)` instead of `step`.
+"""
+import collections
+import re
+import time
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import nuts
+import tfp_autobatch as tab
+from nuts import tree
+
+OUR_BACKENDS = ("pc:xla", "pc:graph", "local:eager", "local:eager_xla")
+TRACEABLE = ("pc:xla", "pc:graph")
+PEERS = ("unbatched", "tfp_reference", "tfp_iterative", "stan", "limit")
+SYSTEMS = OUR_BACKENDS + PEERS
+# Systems that run several trajectories per step (trajectory fusion); the
+# others are measured at num_trajectories_per_step = 1 only.
+FUSING = OUR_BACKENDS + ("unbatched", "tfp_reference")
+
+Settings = collections.namedtuple("Settings", [
+    "step_size", "max_tree_depth", "unrolled_leapfrog_steps",
+    "num_trajectories_per_step", "seed",
+    "trace_kernel",       # run our pc backends' one_step in tf.function
+    "unbatched_cap",      # chains `unbatched` runs
+    "limit_leapfrogs",    # leapfrog steps per `limit` call
+])
+
+StepOutcome = collections.namedtuple("StepOutcome", [
+    "state",            # [chains run, d] float32 NumPy
+    "grads_used",       # gradients the chains' trajectories used
+    "grads_computed",   # gradients the batch computed
+    "accept_stat",      # [chains run] mean acceptance statistic, or None
+])
+
+COMPUTED_ESTIMATE_NOTE = (
+    "gradients computed estimated as chains x the longest chain's "
+    "leapfrogs in each step (chains in lockstep)")
+
+
+class SkipSystem(Exception):
+  """A system cannot run here (not installed, unknown); the message says why."""
+
+
+def _seed(settings, i):
+  return tf.constant([settings.seed, i], tf.int32)
+
+
+def value_and_gradient(target_log_prob, q):
+  """(log density, its gradient) of a batch of states [n, d]."""
+  with tf.GradientTape() as tape:
+    tape.watch(q)
+    logp = target_log_prob(q)
+  return logp, tape.gradient(logp, q)
+
+
+class Ours:
+  """`nuts.NoUTurnSampler` on one of our backends."""
+
+  def __init__(self, problem, settings, init, backend):
+    if backend not in tab.BACKENDS:
+      raise SkipSystem(f"backend {backend!r} is not in tfp_autobatch.BACKENDS "
+                       f"{list(tab.BACKENDS)}")
+    self.kernel = nuts.NoUTurnSampler(
+        problem.target_log_prob, settings.step_size,
+        max_tree_depth=settings.max_tree_depth,
+        unrolled_leapfrog_steps=settings.unrolled_leapfrog_steps,
+        num_trajectories_per_step=settings.num_trajectories_per_step,
+        backend=backend)
+    self.traced = backend in TRACEABLE and settings.trace_kernel
+    self._one_step = (tf.function(self.kernel.one_step) if self.traced
+                      else self.kernel.one_step)
+    self._settings = settings
+    self._init = init
+    self._carry = None
+    self.chains_run = len(init)
+    # The kernel counts the gradients its batch computed (the backend's
+    # batched leaf calls), eagerly and inside tf.function alike.
+    self.computed_is_estimate = False
+
+  def step(self, i):
+    if self._carry is None:
+      state = tf.constant(self._init)
+      self._carry = state, self.kernel.bootstrap_results(state)
+    state, results = self._one_step(*self._carry, seed=_seed(self._settings,
+                                                              i))
+    self._carry = state, results
+    return StepOutcome(
+        state.numpy(), int(np.sum(results.leapfrogs_taken)),
+        int(results.num_grads_computed),
+        np.exp(np.minimum(results.log_accept_ratio.numpy(), 0.)))
+
+
+class Unbatched:
+  """Our single-chain NUTS program, run per chain with no batching."""
+
+  def __init__(self, problem, settings, init):
+
+    @tab.batched_primitive
+    def logp_and_grad(q):
+      return value_and_gradient(problem.target_log_prob, q)
+
+    self._nuts_steps = tree.make_program(
+        logp_and_grad, settings.max_tree_depth,
+        settings.unrolled_leapfrog_steps,
+        settings.num_trajectories_per_step)[0]
+    self._settings = settings
+    self.chains_run = min(len(init), settings.unbatched_cap)
+    q = tf.constant(init[:self.chains_run])
+    logp, grad = value_and_gradient(problem.target_log_prob, q)
+    self._chains = [(q[c], logp[c], grad[c]) for c in range(self.chains_run)]
+    self._step = tf.fill(q.shape[1:], tf.constant(settings.step_size,
+                                                  q.dtype))
+    self.computed_is_estimate = False
+
+  def step(self, i):
+    used, accept, new = 0, [], []
+    for c, (q, logp, grad) in enumerate(self._chains):
+      seed = tf.constant([self._settings.seed, i, c], tf.int32)
+      out = self._nuts_steps.run_unbatched(q, logp, grad, self._step, seed)
+      new.append((out.q, out.logp, out.grad))
+      used += int(out.num_leapfrogs)
+      accept.append(float(np.exp(min(float(out.log_accept_ratio), 0.))))
+    self._chains = new
+    # One chain at a time: every gradient computed is used.
+    return StepOutcome(np.stack([q.numpy() for q, _, _ in new]), used, used,
+                       np.array(accept))
+
+
+class TfpReference:
+  """`tfp.experimental.mcmc.NoUTurnSampler` (TFP's autobatched NUTS), XLA.
+
+  It takes its seed at construction and none per step, and its kernel
+  results carry running totals `leapfrogs_taken` and `leapfrogs_computed`
+  per chain (no acceptance statistic): a step's counts are differences.
+  """
+
+  def __init__(self, problem, settings, init):
+    self.kernel = tfp.experimental.mcmc.NoUTurnSampler(
+        problem.target_log_prob, settings.step_size,
+        max_tree_depth=settings.max_tree_depth,
+        unrolled_leapfrog_steps=settings.unrolled_leapfrog_steps,
+        num_trajectories_per_step=settings.num_trajectories_per_step,
+        seed=settings.seed)
+    self._one_step = tf.function(self.kernel.one_step, jit_compile=True)
+    self._init = init
+    self._carry = None
+    self._totals = (0, 0)
+    self.chains_run = len(init)
+    self.computed_is_estimate = False   # TFP's own count
+
+  def step(self, i):
+    del i  # seeded at construction
+    if self._carry is None:
+      state = tf.constant(self._init)
+      self._carry = state, self.kernel.bootstrap_results(state)
+    state, results = self._one_step(*self._carry)
+    self._carry = state, results
+    totals = (int(np.sum(results.leapfrogs_taken)),
+              int(np.sum(results.leapfrogs_computed)))
+    used, computed = (t - s for t, s in zip(totals, self._totals))
+    self._totals = totals
+    return StepOutcome(state.numpy(), used, computed, None)
+
+
+class TfpIterative:
+  """`tfp.mcmc.NoUTurnSampler` (iterative, chains in lockstep), XLA."""
+
+  def __init__(self, problem, settings, init):
+    self.kernel = tfp.mcmc.NoUTurnSampler(
+        problem.target_log_prob, settings.step_size,
+        max_tree_depth=settings.max_tree_depth,
+        unrolled_leapfrog_steps=settings.unrolled_leapfrog_steps)
+    self._one_step = tf.function(self.kernel.one_step, jit_compile=True)
+    self._settings = settings
+    self._init = init
+    self._carry = None
+    self.chains_run = len(init)
+    # Not observable: chains run in lockstep, so the batch computes
+    # chains x the longest chain's leapfrogs.
+    self.computed_is_estimate = True
+
+  def step(self, i):
+    if self._carry is None:
+      state = tf.constant(self._init)
+      self._carry = state, self.kernel.bootstrap_results(state)
+    state, results = self._one_step(*self._carry, seed=_seed(self._settings,
+                                                              i))
+    self._carry = state, results
+    leapfrogs = results.leapfrogs_taken.numpy()
+    return StepOutcome(
+        state.numpy(), int(leapfrogs.sum()),
+        int(leapfrogs.max()) * len(leapfrogs),
+        np.exp(np.minimum(results.log_accept_ratio.numpy(), 0.)))
+
+
+class Limit:
+  """`limit_leapfrogs` batched leapfrog steps per call, nothing else."""
+
+  def __init__(self, problem, settings, init):
+    n = settings.limit_leapfrogs
+    eps = settings.step_size
+
+    @tf.function(jit_compile=True)
+    def leapfrogs(q, grad, seed):
+      p = tf.random.stateless_normal(tf.shape(q), seed, dtype=q.dtype)
+
+      def body(k, q, p, grad):
+        p = p + 0.5 * eps * grad
+        q = q + eps * p
+        _, grad = value_and_gradient(problem.target_log_prob, q)
+        return k + 1, q, p + 0.5 * eps * grad, grad
+
+      _, q, _, grad = tf.while_loop(lambda k, *_: k < n, body,
+                                    (tf.constant(0), q, p, grad))
+      return q, grad
+
+    self._leapfrogs = leapfrogs
+    self._settings = settings
+    q = tf.constant(init)
+    self._carry = q, value_and_gradient(problem.target_log_prob, q)[1]
+    self.chains_run = len(init)
+    self.computed_is_estimate = False
+
+  def step(self, i):
+    self._carry = self._leapfrogs(*self._carry, _seed(self._settings, i))
+    grads = self.chains_run * self._settings.limit_leapfrogs
+    return StepOutcome(self._carry[0].numpy(), grads, grads, None)
+
+
+def make_stepper(system, problem, settings, init):
+  """The `step(i)` object of `system` for chains starting at `init`."""
+  if system in OUR_BACKENDS:
+    return Ours(problem, settings, init, system)
+  makers = {"unbatched": Unbatched, "tfp_reference": TfpReference,
+            "tfp_iterative": TfpIterative, "limit": Limit}
+  if system not in makers:
+    raise ValueError(f"unknown system {system!r}; systems: {list(SYSTEMS)}")
+  return makers[system](problem, settings, init)
+
+
+StanRun = collections.namedtuple("StanRun", [
+    "build_sec", "draws", "grads_used", "accept_stat",
+    "sample_sec",   # Stan's own "Elapsed Time ... (Sampling)", or
+                    # wall_sec when that clock reads 0 (a very short run)
+    "wall_sec",     # the whole call, pystan's server round trips included
+    "step_size"])
+
+STAN_MISSING = ("pystan is not installed; install it with "
+                "`pip install -e '.[stan]'` (or `pip install pystan`; it "
+                "needs a C++ compiler) to benchmark Stan")
+_STAN_SAMPLING_TIME = re.compile(rb"([0-9.eE+-]+) seconds \(Sampling\)")
+
+
+class Stan:
+  """Stan's NUTS (through pystan 3) on one chain, the same target and start.
+
+  Stan runs one chain per process, with no warm-up, so no adaptation: the
+  metric stays the identity (diag_e starts there).  pystan 3 cannot turn off
+  Stan's initial step-size heuristic, which moves the given step size until
+  one leapfrog step's acceptance crosses 0.8, so Stan's step size (in the
+  record) can differ from the others'.  Its leaves are one leapfrog step
+  (`unrolled_leapfrog_steps` must be 1).  The model is built without a
+  random seed: httpstan would otherwise return a cached fit when the same
+  run is asked for again, with no sampling to time.
+  """
+
+  def __init__(self, problem, settings, init):
+    try:
+      import stan  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise SkipSystem(STAN_MISSING) from e
+    if settings.unrolled_leapfrog_steps != 1:
+      raise SkipSystem("Stan's NUTS has leaves of one leapfrog step; run it "
+                       "with --unrolled_leapfrog_steps=1")
+    self._problem = problem
+    self._settings = settings
+    self._init = [{problem.stan_param: init[0].astype(float).tolist()}]
+    start = time.perf_counter()
+    self._posterior = stan.build(problem.stan_code, data=problem.stan_data)
+    self.build_sec = time.perf_counter() - start
+
+  def run(self, num_results):
+    """Samples `num_results` draws from the start, no warm-up."""
+    start = time.perf_counter()
+    fit = self._posterior.sample(
+        num_chains=1, num_samples=num_results, num_warmup=0,
+        init=self._init, stepsize=self._settings.step_size,
+        stepsize_jitter=0., max_depth=self._settings.max_tree_depth)
+    wall = time.perf_counter() - start
+    found = _STAN_SAMPLING_TIME.findall(b"".join(fit.stan_outputs))
+    sample_sec = float(found[-1]) if found else 0.
+    draws = np.asarray(fit[self._problem.stan_param]).T.reshape(
+        num_results, 1, -1)
+    return StanRun(self.build_sec, draws, int(np.sum(fit["n_leapfrog__"])),
+                   np.asarray(fit["accept_stat__"]).ravel(),
+                   sample_sec if sample_sec > 0 else wall, wall,
+                   float(np.asarray(fit["stepsize__"]).ravel()[0]))

@@ -1,0 +1,223 @@
+"""Tests of the NUTS benchmark (`benchmarks/nuts*.py`) and the NUTS demo.
+
+The smoke test runs every system once at a tiny size and checks the JSON;
+no timing is asserted.  The problem tests compare the targets with NumPy
+(deterministic: false-failure rate 0).
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks import nuts as nuts_bench
+from benchmarks import nuts_problems
+from benchmarks import nuts_report
+from benchmarks import nuts_systems
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Tiny problems: 3 dimensions, 20 data points; a step size that keeps
+# trajectories short on them.
+TINY = dict(num_dims=3, num_data=20, step_size=0.1, max_tree_depth=6)
+
+
+def _has_pystan():
+  try:
+    import stan  # pylint: disable=g-import-not-at-top,unused-import
+    return True
+  except ImportError:
+    return False
+
+
+def test_logistic_regression_matches_numpy():
+  problem = nuts_problems.make_problem("logistic_regression", num_dims=3,
+                                       num_data=20, seed=1)
+  x = np.asarray(problem.stan_data["x"])
+  y = np.asarray(problem.stan_data["y"])
+  w = np.random.default_rng(0).standard_normal((4, 3))
+  logits = w @ x.T
+  expected = (np.sum(y * logits - np.logaddexp(0, logits), -1)
+              - 0.5 * np.sum(w**2, -1))
+  got = problem.target_log_prob(tf.constant(w, tf.float32)).numpy()
+  np.testing.assert_allclose(got, expected, rtol=1e-4)
+  # One state (no chain dimension) works too, as the kernels need.
+  np.testing.assert_allclose(
+      problem.target_log_prob(tf.constant(w[0], tf.float32)).numpy(),
+      expected[0], rtol=1e-4)
+  # Starts: deterministic, the same first rows at any number of chains.
+  np.testing.assert_array_equal(problem.initial_state(2),
+                                problem.initial_state(5)[:2])
+  assert problem.initial_state(2).dtype == np.float32
+  assert problem.stan_data["N"] == 20 and problem.stan_data["D"] == 3
+
+
+def test_correlated_gaussian_matches_numpy():
+  problem = nuts_problems.make_problem("correlated_gaussian", num_dims=5)
+  precision = np.asarray(problem.stan_data["precision"])
+  np.testing.assert_allclose(precision, precision.T, atol=1e-8)
+  # Standard deviations log-spaced in [0.1, 1], as documented.
+  sds = np.sort(1 / np.sqrt(np.linalg.eigvalsh(precision)))
+  np.testing.assert_allclose(sds, np.geomspace(0.1, 1, 5), rtol=1e-6)
+  x = problem.initial_state(3).astype(np.float64)
+  expected = -0.5 * np.einsum("ni,ij,nj->n", x, precision, x)
+  np.testing.assert_allclose(
+      problem.target_log_prob(tf.constant(x, tf.float32)).numpy(), expected,
+      rtol=1e-4)
+  with pytest.raises(ValueError, match="no data"):
+    nuts_problems.make_problem("correlated_gaussian", num_data=10)
+  with pytest.raises(ValueError, match="unknown problem"):
+    nuts_problems.make_problem("eight_schools")
+
+
+def test_min_ess():
+  # Independent draws: the ESS is near the number of draws.  2000 draws of 4
+  # chains x 2 dims with a fixed seed: deterministic; the bound holds with
+  # a wide margin (false-failure rate under the null < 1e-6).
+  draws = np.random.default_rng(3).standard_normal((2000, 4, 2))
+  assert 6000 < nuts_bench.min_ess(draws) < 10000
+  assert nuts_bench.min_ess(draws[:1]) is None
+  assert 1000 < nuts_bench.min_ess(draws[:, :1]) < 3000
+
+
+@pytest.mark.slow  # one run of every system: ~2-4 min (XLA compilations)
+def test_benchmark_runs_every_system(tmp_path):
+  output = str(tmp_path / "nuts.json")
+  plot_path = str(tmp_path / "nuts.png")
+  payload = nuts_bench.benchmark(
+      output=output, plot_path=plot_path, problems=("logistic_regression",),
+      systems=nuts_systems.SYSTEMS, batch_sizes=(2,), num_results=2,
+      num_burnin=1, num_trajectories_per_step=(1,), unbatched_cap=1,
+      limit_leapfrogs=4, stan_num_results=5, progress=False, **TINY)
+  with open(output) as f:
+    saved = json.load(f)
+  assert saved["records"] == json.loads(json.dumps(payload["records"]))
+  for key in ("cpu_model", "usable_cores", "tensorflow",
+              "tensorflow_probability", "date"):
+    assert key in saved["machine"], key
+
+  by_system = {r["system"]: r for r in saved["records"]}
+  skipped = {s["system"]: s["reason"] for s in saved["skipped"]}
+  expected = set(nuts_systems.SYSTEMS) - (set() if _has_pystan() else
+                                          {"stan"})
+  assert set(by_system) == expected, skipped
+  if not _has_pystan():
+    assert skipped == {"stan": nuts_systems.STAN_MISSING}
+  else:
+    assert not skipped
+
+  for r in saved["records"]:
+    for key in nuts_bench.RECORD_KEYS:
+      assert key in r, (key, r)
+    assert r["problem"] == "logistic_regression" and r["batch_size"] == 2
+    assert r["num_trajectories_per_step"] == 1
+    for key in ("grads_per_sec", "sec_per_step", "first_call_sec"):
+      assert math.isfinite(r[key]) and r[key] > 0, (key, r)
+    assert 0 < r["utilization"] <= 1, r
+    assert r["grads_used"] > 0 and r["grads_computed"] >= r["grads_used"], r
+    if r["ess_per_sec"] is not None:   # two draws: ESS may be undefined
+      assert math.isfinite(r["ess_per_sec"]) and r["ess_per_sec"] > 0, r
+    if r["system"] in ("tfp_reference", "limit"):
+      assert r["accept_rate"] is None, r   # not reported by the system
+    else:
+      assert 0 <= r["accept_rate"] <= 1, r
+
+  assert by_system["limit"]["utilization"] == 1
+  assert by_system["limit"]["grads_used"] == 2 * 4 * 2  # chains x N x steps
+  assert by_system["unbatched"]["extrapolated"]  # cap 1 < 2 chains
+  assert by_system["unbatched"]["chains_run"] == 1
+  assert by_system["tfp_iterative"]["computed_is_estimate"]
+  assert not by_system["local:eager"]["computed_is_estimate"]  # exact
+  assert os.path.getsize(plot_path) > 0
+
+
+def test_stan_is_skipped_with_a_clear_message_without_pystan(monkeypatch):
+  monkeypatch.setitem(sys.modules, "stan", None)   # `import stan` fails
+  records, skipped = nuts_bench.run_benchmarks(
+      systems=("stan",), batch_sizes=(1,), progress=False, **TINY)
+  assert records == []
+  assert [s["reason"] for s in skipped] == [nuts_systems.STAN_MISSING]
+  assert "pip install" in nuts_systems.STAN_MISSING
+
+
+def _records():
+  base = dict(problem="logistic_regression", utilization=1.0,
+              sec_per_step=0.1, first_call_sec=1.0, accept_rate=0.9,
+              ess_per_sec=5.0, num_trajectories_per_step=1)
+  return [
+      dict(base, system="pc:xla", batch_size=4, grads_per_sec=3000.0),
+      dict(base, system="tfp_reference", batch_size=4, grads_per_sec=1500.0),
+      dict(base, system="pc:xla", batch_size=4, grads_per_sec=2000.0,
+           num_trajectories_per_step=10, utilization=0.8),
+      dict(base, system="limit", batch_size=4, grads_per_sec=6000.0,
+           accept_rate=None, ess_per_sec=None),
+      dict(base, system="unbatched", batch_size=4, grads_per_sec=30.0,
+           extrapolated=True),
+  ]
+
+
+def test_reporting(tmp_path):
+  records = _records()
+  table = nuts_report.format_table(records)
+  assert "3,000 (1.00)" in table and "30 (1.00)*" in table
+  assert "pc:xla k=10" in table and "2,000 (0.80)" in table
+  details = nuts_report.format_details(records)
+  assert "limit" in details and " - " in details
+  ratios = nuts_report.format_ratios(records)
+  assert "/ tfp_reference" in ratios and "2.00x" in ratios
+  assert "0.50x" in ratios   # pc:xla over limit
+  targets = nuts_report.format_targets(records)
+  assert targets == [
+      "  pc:xla >= 1.5x tfp_reference from 1 chains: met (4 chains 2.00x)"]
+  assert "NOT met (4 chains 0.50x)" in nuts_report.format_targets(
+      records, targets=(("limit", 0.6, 4),))[0]
+  path = str(tmp_path / "plot.png")
+  nuts_report.plot(records, path)
+  assert os.path.getsize(path) > 0
+
+
+def test_command_line_and_replot(tmp_path, capsys):
+  """The absl flags drive a run; --from_json re-reports and re-plots it."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  output = str(tmp_path / "cli.json")
+  fv = nuts_bench.define_flags(flags.FlagValues())
+  fv(["nuts", "--systems=limit", "--batch_sizes=2,1", "--num_results=2",
+      "--num_dims=3", "--num_data=20", "--limit_leapfrogs=3",
+      "--progress=false", "--output=" + output])
+  nuts_bench.run_from_flags(fv)
+  with open(output) as f:
+    payload = json.load(f)
+  assert [r["batch_size"] for r in payload["records"]] == [1, 2]
+  assert payload["config"]["step_size"] is None
+  assert all(r["step_size"] == 0.012 for r in payload["records"])
+
+  plot_path = str(tmp_path / "replot.png")
+  fv = nuts_bench.define_flags(flags.FlagValues())
+  fv(["nuts", "--from_json=" + output, "--plot=" + plot_path])
+  capsys.readouterr()
+  nuts_bench.run_from_flags(fv)
+  assert "limit" in capsys.readouterr().out
+  assert os.path.getsize(plot_path) > 0
+
+  with pytest.raises(ValueError, match="unknown system"):
+    nuts_bench.run_benchmarks(systems=("pc:nope",), progress=False)
+
+
+@pytest.mark.slow  # a subprocess: TensorFlow import and one XLA compile
+def test_demo_passes_flags_through(tmp_path):
+  output = str(tmp_path / "demo.json")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.demo", "--systems=limit",
+       "--batch_sizes=2", "--num_results=2", "--num_dims=3", "--num_data=20",
+       "--progress=false", "--output=" + output, "--plot="],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+      check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "demo finished" in result.stdout
+  with open(output) as f:
+    records = json.load(f)["records"]
+  assert [(r["system"], r["batch_size"]) for r in records] == [("limit", 2)]
