@@ -47,10 +47,14 @@ steps, then `--num_results` timed steps whose states are kept.  Recorded:
   `sec_per_step` is scaled to the batch.
 - `limit` times `--limit_leapfrogs` batched leapfrog steps per "step".
 
-The output JSON is `{"machine": ..., "config": ..., "records": [...],
-"skipped": [...]}` (the programs benchmark's format and machine
-description).
+The output JSON is a list of records, one per system, problem, fusion
+setting and batch size, with the keys above plus `system`, `problem`,
+`batch_size`, the details (`grads_used`, `grads_computed`, ...), `machine`
+(the programs benchmark's machine description: CPU, cores, versions, date,
+commit) and `config` (the run's settings and the systems it skipped, with
+why); `read_json` reads it back.
 """
+import json
 import math
 import os
 import sys
@@ -317,13 +321,43 @@ def benchmark(output=None, plot_path=None, **kwargs):
   print()
   nuts_report.report(records, skipped, machine)
   if output:
-    bench.write_json(output, machine, _jsonable(config), records, skipped)
+    write_json(output, machine, _jsonable(config), records, skipped)
     print(f"\nwrote {output}")
   if plot_path and records:
     nuts_report.plot(records, plot_path)
     print(f"wrote {plot_path}")
   return {"machine": machine, "config": config, "records": records,
           "skipped": skipped}
+
+
+def write_json(path, machine, config, records, skipped):
+  """Writes the run to `path` as a JSON list of records, each carrying the
+  machine description (with versions) and the run's configuration, which
+  includes the systems it skipped and why."""
+  config = dict(config, skipped=skipped)
+  payload = [dict(r, machine=machine, config=config) for r in records]
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(payload, f, indent=1)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def read_json(path):
+  """The payload (`machine`, `config`, `records`, `skipped`) of a file
+  written by `write_json`."""
+  with open(path) as f:
+    saved = json.load(f)
+  if not saved:
+    return {"machine": None, "config": {}, "records": [], "skipped": []}
+  records = [{k: v for k, v in r.items() if k not in ("machine", "config")}
+             for r in saved]
+  config = dict(saved[0]["config"])
+  skipped = config.pop("skipped", [])
+  return {"machine": saved[0]["machine"], "config": config,
+          "records": records, "skipped": skipped}
 
 
 def _jsonable(config):
@@ -412,9 +446,7 @@ def define_flags(flag_values=None, **defaults):
 def run_from_flags(fv):
   """Runs (or, with --from_json, re-reports) as the parsed flags `fv` say."""
   if fv.from_json:
-    import json  # pylint: disable=g-import-not-at-top
-    with open(fv.from_json) as f:
-      payload = json.load(f)
+    payload = read_json(fv.from_json)
     nuts_report.report(payload["records"], payload["skipped"],
                        payload["machine"])
     if fv.plot:

@@ -92,12 +92,17 @@ def test_benchmark_runs_every_system(tmp_path):
       systems=nuts_systems.SYSTEMS, batch_sizes=(2,), num_results=2,
       num_burnin=1, num_trajectories_per_step=(1,), unbatched_cap=1,
       limit_leapfrogs=4, stan_num_results=5, progress=False, **TINY)
+  # The file is a list of records, each with the machine and the run's
+  # configuration (skips included).
   with open(output) as f:
-    saved = json.load(f)
+    raw = json.load(f)
+  assert isinstance(raw, list) and raw
+  for r in raw:
+    for key in ("cpu_model", "usable_cores", "tensorflow",
+                "tensorflow_probability", "date"):
+      assert key in r["machine"], key
+  saved = nuts_bench.read_json(output)
   assert saved["records"] == json.loads(json.dumps(payload["records"]))
-  for key in ("cpu_model", "usable_cores", "tensorflow",
-              "tensorflow_probability", "date"):
-    assert key in saved["machine"], key
 
   by_system = {r["system"]: r for r in saved["records"]}
   skipped = {s["system"]: s["reason"] for s in saved["skipped"]}
@@ -188,8 +193,7 @@ def test_command_line_and_replot(tmp_path, capsys):
       "--num_dims=3", "--num_data=20", "--limit_leapfrogs=3",
       "--progress=false", "--output=" + output])
   nuts_bench.run_from_flags(fv)
-  with open(output) as f:
-    payload = json.load(f)
+  payload = nuts_bench.read_json(output)
   assert [r["batch_size"] for r in payload["records"]] == [1, 2]
   assert payload["config"]["step_size"] is None
   assert all(r["step_size"] == 0.012 for r in payload["records"])
@@ -219,5 +223,5 @@ def test_demo_passes_flags_through(tmp_path):
   assert result.returncode == 0, result.stdout + result.stderr
   assert "demo finished" in result.stdout
   with open(output) as f:
-    records = json.load(f)["records"]
+    records = json.load(f)
   assert [(r["system"], r["batch_size"]) for r in records] == [("limit", 2)]
