@@ -1,7 +1,11 @@
-import os
+"""Builds colab/autobatching_tutorial.ipynb (unexecuted).
 
-import nbformat
-from nbformat.v4 import new_notebook, new_markdown_cell as md, new_code_cell as code
+    python colab/tools/build_autobatching_tutorial.py
+    python colab/tools/execute_notebook.py colab/autobatching_tutorial.ipynb
+"""
+from nbformat.v4 import new_markdown_cell as md, new_code_cell as code
+
+from notebook_cells import install_cell, write_notebook
 
 cells = [
 md("""# Autobatching control-intensive programs with `tfp_autobatch`
@@ -11,15 +15,7 @@ Write a function for **one** example in plain Python — recursion, `while`,
 This notebook goes from zero to a batched recursive program, shows the two
 intermediate representations of Radul et al. (MLSys 2020), compares the
 backends and measures throughput."""),
-code("""# On Colab, install tfp_autobatch from its repository; elsewhere do nothing.
-import os, sys
-if "google.colab" in sys.modules:
-    REPOSITORY = os.environ.get("TFP_AUTOBATCH_REPO", "")  # set to the project's git URL
-    if not REPOSITORY:
-        raise RuntimeError("Set TFP_AUTOBATCH_REPO to the git URL of tfp_autobatch")
-    !pip install -q "git+$REPOSITORY"
-# A size flag keeps test runs short: TAB_NOTEBOOK_SMALL=1.
-SMALL = os.environ.get("TAB_NOTEBOOK_SMALL", "0") == "1\""""),
+install_cell(),
 code("""import time
 import numpy as np
 import tensorflow as tf
@@ -139,7 +135,6 @@ with the batch size until the hardware saturates. See `benchmarks/` and the
 README for full measurements against TensorFlow Probability's reference
 implementation."""),
 ]
-nb = new_notebook(cells=cells, metadata={
-    "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-    "colab": {"provenance": []}})
-nbformat.write(nb, os.path.join(os.path.dirname(__file__), "..", "autobatching_tutorial.ipynb"))
+
+if __name__ == "__main__":
+  print("wrote", write_notebook(cells, "autobatching_tutorial.ipynb"))

@@ -5,9 +5,10 @@ nb = nbformat.read(path, as_version=4)
 nbclient.NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": os.path.dirname(os.path.abspath(path))}}).execute()
 nbformat.write(nb, path)
 print("executed", path)
-# Drop the C++ start-up log lines TensorFlow prints on stderr before absl logging starts.
+# Drop the C++ start-up log lines TensorFlow prints on stderr before absl logging starts,
+# and matplotlib's notes about fonts this machine lacks.
 nb = nbformat.read(path, as_version=4)
 for cell in nb.cells:
     if cell.cell_type == "code":
-        cell.outputs = [o for o in cell.outputs if not (o.get("name") == "stderr" and ("absl::InitializeLog" in o.text or "cuda" in o.text))]
+        cell.outputs = [o for o in cell.outputs if not (o.get("name") == "stderr" and ("absl::InitializeLog" in o.text or "cuda" in o.text or o.text.startswith("findfont:")))]
 nbformat.write(nb, path)
