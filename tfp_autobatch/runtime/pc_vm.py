@@ -82,9 +82,19 @@ def _set_rows(stack, sp, value, mask):
   return tf.nest.map_structure(leaf, stack, value)
 
 
-def apply_stack_write(stack, write):
+def apply_stack_write(stack, write, xla=False):
   """`stack` with one `StackWrite` applied: a scatter of Z rows, in place
-  under XLA (rows of masked-off members are written back unchanged)."""
+  under XLA. Under XLA masked-off members get an out-of-range row, which
+  XLA's scatter skips; elsewhere (TF raises on such rows) their old rows
+  are gathered and written back unchanged."""
+  if xla:
+    depth = tf.shape(tf.nest.flatten(stack)[0])[0]
+    row = tf.where(write.mask, tf.clip_by_value(write.row, 0, depth - 1),
+                   depth)
+    idx = tf.stack([row, tf.range(tf.shape(row)[0])], axis=1)
+    return tf.nest.map_structure(
+        lambda s, v: tf.tensor_scatter_nd_update(s, idx, v), stack,
+        write.value)
   idx = _index(stack, write.row)
   def leaf(s, v):
     old = tf.gather_nd(s, idx)
@@ -230,7 +240,8 @@ class PcVmRuntime:
     else:
       small, writes = tf.switch_case(
           nxt, [lambda fn=fn: fn(state) for fn in self._blocks])
-    small["stacks"] = {k: apply_stack_write(stacks[k], writes[k])
+    small["stacks"] = {k: apply_stack_write(stacks[k], writes[k],
+                                            xla=self.mode == "xla")
                        for k in stacks}
     return small
 
