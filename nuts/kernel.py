@@ -24,6 +24,7 @@ import tensorflow_probability as tfp
 
 import tfp_autobatch as tab
 from nuts import tree
+from tfp_autobatch.ir import ir2
 
 __all__ = ["NoUTurnSampler", "NUTSKernelResults"]
 
@@ -250,16 +251,20 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     new_parts, new_grads = unflat(out.q), unflat(out.grad)
     useful = tf.reduce_sum(out.num_leapfrogs)
-    # The backend counts the batched leaf calls: eagerly in its RunStats,
-    # traced (pc backends) as tensors of the caller's graph.
+    # The backend counts the batched gradient calls: eagerly in its
+    # RunStats, traced (pc backends) as tensors of the caller's graph.
     if stats is not None:
-      leaf_calls = tf.constant(stats.block_executions.get("leaf/entry", 0),
-                               tf.int32)
+      counts = stats.block_executions
     else:
-      leaf_calls = nuts_steps.last_stats_tensors["block_executions"][
-          "leaf/entry"]
-    computed = (tf.cast(num_chains, tf.int32) * self.unrolled_leapfrog_steps
-                * leaf_calls)
+      counts = nuts_steps.last_stats_tensors["block_executions"]
+    labels = [label for label in _gradient_blocks(nuts_steps)
+              if label in counts] or ["leaf/entry"]
+    # (The local runtimes label their blocks differently; they run a leaf's
+    # blocks once per batched leaf call, so its entry counts the calls.)
+    computed = tf.cast(num_chains, tf.int32) * tf.add_n(
+        [tf.cast(counts.get(label, 0), tf.int32) for label in labels])
+    if labels == ["leaf/entry"]:
+      computed = computed * self.unrolled_leapfrog_steps
     new_results = NUTSKernelResults(
         target_log_prob=per_chain(out.logp),
         grads_target_log_prob=new_grads if is_list else new_grads[0],
@@ -275,6 +280,14 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         gradient_utilization=tf.cast(useful, dtype) / tf.cast(
             tf.maximum(computed, 1), dtype))
     return (new_parts if is_list else new_parts[0]), new_results
+
+
+def _gradient_blocks(program):
+  """Labels of the IR-2 blocks that call the batched gradient (each run of
+  one computes a gradient for every chain of the batch)."""
+  return [b.label for b in program.ir(level=2).blocks
+          if any(isinstance(op, ir2.Primitive) and op.batched
+                 for op in b.ops)]
 
 
 # -- input handling -------------------------------------------------------------

@@ -172,8 +172,11 @@ def test_every_backend_gives_the_same_samples(fused_step, backend):
     _, eager_results = eager_kernel.one_step(
         init, eager_kernel.bootstrap_results(init), seed=[3, 4])
     assert computed == int(eager_results.num_grads_computed)
-    assert eager_kernel.last_run_stats.block_executions["leaf/entry"] * 4 == (
-        computed)
+    # 4 chains x the runs of the one block that calls the gradient (a
+    # leaf's entry may run more often: that block waits for every chain).
+    executions = eager_kernel.last_run_stats.block_executions
+    assert computed == 4 * executions["leaf/body5"]
+    assert executions["leaf/entry"] >= executions["leaf/body5"]
 
 
 # -- drop-in compatibility ----------------------------------------------------
