@@ -268,10 +268,6 @@ class PcVmRuntime:
     return tf.where(tf.reduce_max(counts) > 0,
                     tf.cast(tf.argmax(counts), tf.int32), halt)
 
-  def _hoisted(self):
-    """The stacked variables whose buffers live in `state["stacks"]`."""
-    return sorted(self.program.stacked) if self.program.cached_top else []
-
   def _initial_state(self, args):
     p = self.program
     leaves = tf.nest.flatten(args)
