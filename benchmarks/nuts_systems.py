@@ -79,7 +79,20 @@ def value_and_gradient(target_log_prob, q):
   return logp, tape.gradient(logp, q)
 
 
-class Ours:
+class _KernelChains:
+  """Chains advanced by a `tfp.mcmc` kernel's `one_step`, bootstrapped from
+  `init` on the first step. Subclasses set `kernel`, `_one_step`, `_init`
+  and `_carry = None`."""
+
+  def _advance(self, **seed):
+    if self._carry is None:
+      state = tf.constant(self._init)
+      self._carry = state, self.kernel.bootstrap_results(state)
+    self._carry = self._one_step(*self._carry, **seed)
+    return self._carry
+
+
+class Ours(_KernelChains):
   """`nuts.NoUTurnSampler` on one of our backends."""
 
   def __init__(self, problem, settings, init, backend):
@@ -104,12 +117,7 @@ class Ours:
     self.computed_is_estimate = False
 
   def step(self, i):
-    if self._carry is None:
-      state = tf.constant(self._init)
-      self._carry = state, self.kernel.bootstrap_results(state)
-    state, results = self._one_step(*self._carry, seed=_seed(self._settings,
-                                                              i))
-    self._carry = state, results
+    state, results = self._advance(seed=_seed(self._settings, i))
     return StepOutcome(
         state.numpy(), int(np.sum(results.leapfrogs_taken)),
         int(results.num_grads_computed),
@@ -152,7 +160,7 @@ class Unbatched:
                        np.array(accept))
 
 
-class TfpReference:
+class TfpReference(_KernelChains):
   """`tfp.experimental.mcmc.NoUTurnSampler` (TFP's autobatched NUTS), XLA.
 
   It takes its seed at construction and none per step, and its kernel
@@ -176,11 +184,7 @@ class TfpReference:
 
   def step(self, i):
     del i  # seeded at construction
-    if self._carry is None:
-      state = tf.constant(self._init)
-      self._carry = state, self.kernel.bootstrap_results(state)
-    state, results = self._one_step(*self._carry)
-    self._carry = state, results
+    state, results = self._advance()
     totals = (int(np.sum(results.leapfrogs_taken)),
               int(np.sum(results.leapfrogs_computed)))
     used, computed = (t - s for t, s in zip(totals, self._totals))
@@ -188,7 +192,7 @@ class TfpReference:
     return StepOutcome(state.numpy(), used, computed, None)
 
 
-class TfpIterative:
+class TfpIterative(_KernelChains):
   """`tfp.mcmc.NoUTurnSampler` (iterative, chains in lockstep), XLA."""
 
   def __init__(self, problem, settings, init):
@@ -206,12 +210,7 @@ class TfpIterative:
     self.computed_is_estimate = True
 
   def step(self, i):
-    if self._carry is None:
-      state = tf.constant(self._init)
-      self._carry = state, self.kernel.bootstrap_results(state)
-    state, results = self._one_step(*self._carry, seed=_seed(self._settings,
-                                                              i))
-    self._carry = state, results
+    state, results = self._advance(seed=_seed(self._settings, i))
     leapfrogs = results.leapfrogs_taken.numpy()
     return StepOutcome(
         state.numpy(), int(leapfrogs.sum()),

@@ -96,6 +96,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         num_trajectories_per_step=int(num_trajectories_per_step),
         backend=backend, name=name)
     self._programs = {}
+    self._gradient_labels = {}
     self.last_run_stats = None
 
   # -- properties -------------------------------------------------------------
@@ -179,6 +180,17 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     self._programs[layout] = (program, logp_and_grad)
     return self._programs[layout]
 
+  def _gradient_blocks(self, nuts_steps, layout):
+    """Labels of the IR-2 blocks that call the batched gradient (each run
+    of one computes a gradient for every chain of the batch); found once
+    per state layout, after the program's first call."""
+    if layout not in self._gradient_labels:
+      self._gradient_labels[layout] = [
+          b.label for b in nuts_steps.ir(level=2).blocks
+          if any(isinstance(op, ir2.Primitive) and op.batched
+                 for op in b.ops)]
+    return self._gradient_labels[layout]
+
   # -- the kernel -------------------------------------------------------------
 
   # Autograph must not rewrite these: the batched program is converted by
@@ -222,7 +234,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       if p.dtype != dtype:
         raise TypeError("all state parts must share one float dtype, got "
                         f"{[q.dtype.name for q in parts]}")
-    (nuts_steps, _, _, _), _ = self._program((event_shapes, is_list))
+    layout = (event_shapes, is_list)
+    (nuts_steps, _, _, _), _ = self._program(layout)
 
     sizes = [int(np.prod(s)) for s in event_shapes]
 
@@ -257,7 +270,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       counts = stats.block_executions
     else:
       counts = nuts_steps.last_stats_tensors["block_executions"]
-    labels = [label for label in _gradient_blocks(nuts_steps)
+    labels = [label for label in self._gradient_blocks(nuts_steps, layout)
               if label in counts] or ["leaf/entry"]
     # (The local runtimes label their blocks differently; they run a leaf's
     # blocks once per batched leaf call, so its entry counts the calls.)
@@ -280,14 +293,6 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         gradient_utilization=tf.cast(useful, dtype) / tf.cast(
             tf.maximum(computed, 1), dtype))
     return (new_parts if is_list else new_parts[0]), new_results
-
-
-def _gradient_blocks(program):
-  """Labels of the IR-2 blocks that call the batched gradient (each run of
-  one computes a gradient for every chain of the batch)."""
-  return [b.label for b in program.ir(level=2).blocks
-          if any(isinstance(op, ir2.Primitive) and op.batched
-                 for op in b.ops)]
 
 
 # -- input handling -------------------------------------------------------------
