@@ -18,8 +18,9 @@ correlated Gaussian (Fig. 7); systems: `benchmarks/nuts_systems.py`.  All
 systems get the same target, the same starting points (the first
 `batch_size` of one seeded pool, near the posterior) and the same fixed step
 size (`--step_size`, per-problem defaults; TFP's reference kernel cannot
-adapt it), `--max_tree_depth` and `--unrolled_leapfrog_steps` (the paper
-used 4 leapfrog steps per leaf; the default here is standard NUTS, 1).
+adapt it; Stan only starts from it, see below), `--max_tree_depth` and
+`--unrolled_leapfrog_steps` (the paper used 4 leapfrog steps per leaf; the
+default here is standard NUTS, 1).
 
 Per system, `--num_trajectories_per_step` value and batch size (number of
 chains), one run: the first MCMC step (`first_call_sec`: conversion,
@@ -41,10 +42,16 @@ steps, then `--num_results` timed steps whose states are kept.  Recorded:
   there are several chains, over the timed seconds; noisy with few
   results).
 - `unbatched` runs its first `--unbatched_cap` chains one after the other,
-  Stan one chain (`--stan_num_results` draws; its per-chain rate stands for
-  every batch size, since Stan runs one chain per process): their rates
-  are per chain and `extrapolated: true` where the batch is larger;
-  `sec_per_step` is scaled to the batch.
+  Stan one chain (its per-chain rate stands for every batch size, since
+  Stan runs one chain per process): their rates are per chain and
+  `extrapolated: true` where the batch is larger; `sec_per_step` is scaled
+  to the batch.
+- Stan cannot sample with a fixed step size: it runs its usual warm-up
+  (`--stan_num_warmup` iterations adapting the step size and a diagonal
+  metric, untimed), then `--stan_num_results` timed draws, timed by Stan's
+  own sampling clock.  Its record's `step_size` is the adapted one
+  (`initial_step_size`: the one given); it also has `num_warmup`,
+  `warmup_sec`, `wall_sec` (the whole pystan call) and `divergences`.
 - `limit` times `--limit_leapfrogs` batched leapfrog steps per "step".
 
 The output JSON is a list of records, one per system, problem, fusion
@@ -187,29 +194,44 @@ def _record(system, problem, settings, batch, k, first_call_sec, timed_sec,
   }
 
 
-def measure_stan(problem, settings, init, batch_sizes, num_results):
-  """Stan's single-chain rates, one record per batch size."""
+# Resolution of Stan's own clock (it counts whole milliseconds).
+STAN_CLOCK_TICK_SEC = 1e-3
+
+
+def measure_stan(problem, settings, init, batch_sizes, num_results,
+                 num_warmup):
+  """Stan's single-chain rates, one record per batch size: `num_warmup`
+  untimed adapting warm-up iterations, then `num_results` timed draws."""
   stan = nuts_systems.Stan(problem, settings, init[:1])
-  run = stan.run(num_results)
+  run = stan.run(num_results, num_warmup)
   accept = float(np.mean(run.accept_stat))
   ess = min_ess(run.draws)
+  # Stan's clock reads 0 for a sampling phase under 1 ms: time it as one
+  # tick (an upper bound, so its rates are lower bounds).
+  timed_sec = max(run.sample_sec, STAN_CLOCK_TICK_SEC)
   records = []
   for batch in batch_sizes:
     record = _record(
         "stan", problem, settings, batch, 1, first_call_sec=run.build_sec,
-        timed_sec=run.sample_sec, num_results=num_results,
+        timed_sec=timed_sec, num_results=num_results,
         grads_used=run.grads_used, grads_computed=run.grads_used,
         chains_run=1, computed_is_estimate=False, accept=accept, ess=ess,
         trajectories=num_results)
-    record["wall_sec"] = run.wall_sec
-    record["step_size"] = run.step_size
+    record.update(
+        step_size=run.step_size, initial_step_size=settings.step_size,
+        num_warmup=run.num_warmup, warmup_sec=run.warmup_sec,
+        wall_sec=run.wall_sec, divergences=run.divergences)
     record["note"] = (
         "Stan runs one chain per process: single-chain rate, timed by "
-        + ("the wall clock of the whole pystan call (Stan's own clock read "
-           "0)" if run.sample_sec == run.wall_sec else
-           "Stan's own sampling clock (wall_sec: the whole pystan call)")
-        + "; first_call_sec is the model build (C++ compilation, cached by "
-        "httpstan); step size after Stan's initial heuristic")
+        + ("Stan's own sampling clock, which read 0 (under its 1 ms "
+           "resolution): timed as 1 ms, rates are lower bounds"
+           if run.sample_sec < STAN_CLOCK_TICK_SEC else
+           "Stan's own sampling clock (warmup_sec: its warm-up; wall_sec: "
+           "the whole pystan call)")
+        + "; the draws follow an untimed warm-up that adapted the step size "
+        "(step_size; initial_step_size was given) and a diagonal metric; "
+        "first_call_sec is the model build (C++ compilation, cached by "
+        "httpstan)")
     records.append(record)
   return records
 
@@ -220,7 +242,8 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
                    max_tree_depth=10, unrolled_leapfrog_steps=1,
                    num_dims=None, num_data=None, trace_kernel=True,
                    unbatched_cap=4, limit_leapfrogs=64, stan_num_results=200,
-                   max_step_sec=60.0, progress=True, log=None):
+                   stan_num_warmup=200, max_step_sec=60.0, progress=True,
+                   log=None):
   """Runs the benchmark; returns `(records, skipped)` (see the module doc).
 
   A system that fails or cannot run is skipped with its reason; once a
@@ -236,6 +259,11 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
   if num_results < 1 or num_burnin < 0:
     raise ValueError("--num_results must be at least 1 and --num_burnin at "
                      f"least 0; got {num_results} and {num_burnin}")
+  if "stan" in systems and (stan_num_results < 1 or stan_num_warmup < 1):
+    raise ValueError(
+        "--stan_num_results and --stan_num_warmup must be at least 1 (with "
+        "no warm-up Stan's step-size adaptation ends at once and sets the "
+        f"step size to 1); got {stan_num_results} and {stan_num_warmup}")
   batch_sizes = sorted(set(int(b) for b in batch_sizes))
   ks = sorted(set(int(k) for k in num_trajectories_per_step))
   cells = [(p, s, k) for p in problems for s in systems
@@ -270,7 +298,7 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
     if system == "stan":
       try:
         records += measure_stan(problem, settings, pool, batch_sizes,
-                                stan_num_results)
+                                stan_num_results, stan_num_warmup)
         if bar is not None:
           bar.update(len(batch_sizes))
       except Exception as e:  # pylint: disable=broad-except
@@ -431,7 +459,11 @@ def define_flags(flag_values=None, **defaults):
   flags.DEFINE_integer("limit_leapfrogs", d("limit_leapfrogs", 64),
                        "Leapfrog steps per limit call.", flag_values=fv)
   flags.DEFINE_integer("stan_num_results", d("stan_num_results", 200),
-                       "Draws of Stan's single chain.", flag_values=fv)
+                       "Timed draws of Stan's single chain.", flag_values=fv)
+  flags.DEFINE_integer("stan_num_warmup", d("stan_num_warmup", 200),
+                       "Untimed warm-up iterations of Stan's chain first "
+                       "(adapting its step size and diagonal metric; at "
+                       "least 1).", flag_values=fv)
   flags.DEFINE_float("max_step_sec", d("max_step_sec", 60.0),
                      "Skip a system's larger batches once a step takes "
                      "longer than this.", flag_values=fv)
@@ -465,7 +497,8 @@ def run_from_flags(fv):
       num_dims=fv.num_dims, num_data=fv.num_data,
       trace_kernel=fv.trace_kernel, unbatched_cap=fv.unbatched_cap,
       limit_leapfrogs=fv.limit_leapfrogs,
-      stan_num_results=fv.stan_num_results, max_step_sec=fv.max_step_sec,
+      stan_num_results=fv.stan_num_results,
+      stan_num_warmup=fv.stan_num_warmup, max_step_sec=fv.max_step_sec,
       progress=fv.progress)
 
 

@@ -181,15 +181,25 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     return self._programs[layout]
 
   def _gradient_blocks(self, nuts_steps, layout):
-    """Labels of the IR-2 blocks that call the batched gradient (each run
-    of one computes a gradient for every chain of the batch); found once
-    per state layout, after the program's first call."""
-    if layout not in self._gradient_labels:
-      self._gradient_labels[layout] = [
-          b.label for b in nuts_steps.ir(level=2).blocks
-          if any(isinstance(op, ir2.Primitive) and op.batched
-                 for op in b.ops)]
-    return self._gradient_labels[layout]
+    """`{block label: batched gradient calls in the block}` of the blocks
+    that call the gradient (each call computes it for every chain of the
+    batch), as the backend labels them: IR-2 blocks for the pc backends,
+    "function/label" of IR-1 blocks for the local ones. Found once per
+    state layout and backend, after the program's first call."""
+    local = not self.backend.startswith("pc:")
+    key = (layout, local)
+    if key not in self._gradient_labels:
+      program = nuts_steps.ir(level=1 if local else 2)
+      if local:
+        blocks = [(f"{f.name}/{b.label}", b.ops) for f in program.functions
+                  for b in f.blocks]
+      else:
+        blocks = [(b.label, b.ops) for b in program.blocks]
+      calls = {label: sum(isinstance(op, ir2.Primitive) and op.batched
+                          for op in ops) for label, ops in blocks}
+      self._gradient_labels[key] = {label: n for label, n in calls.items()
+                                    if n}
+    return self._gradient_labels[key]
 
   # -- the kernel -------------------------------------------------------------
 
@@ -270,14 +280,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       counts = stats.block_executions
     else:
       counts = nuts_steps.last_stats_tensors["block_executions"]
-    labels = [label for label in self._gradient_blocks(nuts_steps, layout)
-              if label in counts] or ["leaf/entry"]
-    # (The local runtimes label their blocks differently; they run a leaf's
-    # blocks once per batched leaf call, so its entry counts the calls.)
+    # (The local runtimes call it on the gathered active chains only, so for
+    # them this is an upper bound.)
     computed = tf.cast(num_chains, tf.int32) * tf.add_n(
-        [tf.cast(counts.get(label, 0), tf.int32) for label in labels])
-    if labels == ["leaf/entry"]:
-      computed = computed * self.unrolled_leapfrog_steps
+        [tf.constant(0)] + [calls * tf.cast(counts[label], tf.int32)
+                            for label, calls in self._gradient_blocks(
+                                nuts_steps, layout).items()
+                            if label in counts])
     new_results = NUTSKernelResults(
         target_log_prob=per_chain(out.logp),
         grads_target_log_prob=new_grads if is_list else new_grads[0],

@@ -179,8 +179,6 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
                         start + half_size(depth))
     accept_sum = first.accept_sum + second.accept_sum
     num_leapfrogs = first.num_leapfrogs + second.num_leapfrogs
-    if not second.ok:
-      return second._replace(accept_sum=accept_sum, num_leapfrogs=num_leapfrogs)
     # Multinomial sampling inside the subtree.
     log_weight = log_add_exp(first.log_weight, second.log_weight)
     take_second = accept_new(seed, [traj, doubling, _MERGE, depth, start],
@@ -192,10 +190,15 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
         (first.q_sample, first.p_sample, first.logp_sample, first.grad_sample))
     ok = no_u_turn_merge(first.rho, first.p_inner, first.p_outer,
                          second.rho, second.p_inner, second.p_outer)
-    return Subtree(second.q_outer, second.p_outer, second.grad_outer,
-                   first.p_inner, q_s, p_s, logp_s, grad_s, log_weight,
-                   first.rho + second.rho, ok, accept_sum, num_leapfrogs,
-                   second.divergent)
+    merged = Subtree(second.q_outer, second.p_outer, second.grad_outer,
+                     first.p_inner, q_s, p_s, logp_s, grad_s, log_weight,
+                     first.rho + second.rho, ok, accept_sum, num_leapfrogs,
+                     second.divergent)
+    # An invalid second half is returned as it is, with the counts of both.
+    # (A select, not `if`: both results are cheap, and every branch costs
+    # the batched program a step.)
+    return choose(second.ok, merged, second._replace(
+        accept_sum=accept_sum, num_leapfrogs=num_leapfrogs))
 
   @tab.batch(max_stack_depth=stack_depth)
   def trajectory(q, logp, grad, step, seed, traj):

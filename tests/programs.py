@@ -301,6 +301,31 @@ def _while_and_oracle(n, limit):
   return s * 100 + i
 
 
+DIGITS_PER_CALL = 3
+
+
+@tab.batch
+def _take_digits(n, total):
+  """Called from one place and not recursive: inlined into its caller. Its
+  loop over a range of a Python int is unrolled."""
+  for _ in range(DIGITS_PER_CALL):
+    total = total + n % 10
+    n = n // 10
+  return n, total
+
+
+@register(args(ints(0, 2_000_000_000, extremes=(0, 2_000_000_000, 9, 10))),
+          tf.int32, oracle=lambda n: sum(int(d) for d in str(int(n))))
+@tab.batch
+def digit_sum(n):
+  """An inlined helper with an unrolled loop, called in a loop whose
+  condition joins two plain tests with `and` (a select, not a branch)."""
+  total = tf.zeros_like(n)
+  while n > 0 and total >= 0:
+    n, total = _take_digits(n, total)
+  return total
+
+
 @register(args(ints(0, 6, extremes=(0, 0, 0, 6))), tf.int32,
           oracle=lambda n: 0 if n <= 0 else int(n).bit_length() * 1000 + int(n))
 @tab.batch

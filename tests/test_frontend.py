@@ -7,6 +7,8 @@ import tensorflow as tf
 
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
+from tfp_autobatch.frontend import convert
+from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import verify
 
@@ -122,13 +124,89 @@ def _is_odd(n):
 
 
 def test_conditional_expression_and_boolean_operators_become_branches():
-  def f(a, b):
+  def f(a, b, xs):
     c = a if a > b else b
-    return (c > 0 and a < 3) or not b > 1
+    return (c > 0 and xs[a] < 3) or not xs[b] > 1
   blocks = ir_of(f).entry.blocks
   branches = [b for b in blocks if isinstance(b.terminator, ir1.Branch)]
   assert len(branches) == 3   # the ternary, `and`, `or`
   verify.verify(ir_of(f), "test")
+
+
+def test_boolean_operators_on_plain_tests_are_selects():
+  # Names, attributes, constants, comparisons and `not` cannot fail, so
+  # `and`/`or` of them need no short circuit: no branch, one block.
+  def f(a, b):
+    return (a > 0 and a < 3) or not b > 1
+  fn = ir_of(f).entry
+  assert len(fn.blocks) == 1
+  assert "and_values" in fn.blocks[0].ops[0].code.source
+
+
+@pytest.mark.parametrize("op, values, want", [
+    (pyops.and_values, (2, 0, 3), 0),
+    (pyops.and_values, (2, 5, 3), 3),
+    (pyops.or_values, (0, 0, 7), 7),
+    (pyops.or_values, (0, 4, 7), 4),
+])
+def test_selected_boolean_operators_keep_python_values(op, values, want):
+  assert op(*values) == want
+  tensors = [tf.constant(v) for v in values]
+  assert int(op(*tensors)) == want
+  # Mixed Python literals and tensors take the tensor's dtype.
+  mixed = op(tf.constant(values[0], tf.int64), *values[1:])
+  assert int(mixed) == want
+
+
+def test_for_over_a_constant_range_is_unrolled():
+  def f(x):
+    for i in range(UNROLLED_TRIPS):
+      if x > i:
+        x = x - 1
+    return x
+  fn = ir_of(f).entry
+  assert not any(b.label.startswith(("for", "body")) for b in fn.blocks)
+  assert sum(isinstance(b.terminator, ir1.Branch)
+             for b in fn.blocks) == UNROLLED_TRIPS
+  batched = tab.batch(f)
+  x = np.array([0, 2, 5, 9], np.int32)
+  np.testing.assert_array_equal(batched(x, backend="local:eager"),
+                                [0, 1, 2, 6])
+
+
+def test_for_loops_that_stay_loops():
+  @tab.batch
+  def g(x):
+    return x + 1
+
+  def calls_batched(x):
+    for _ in range(3):
+      x = g(x)
+    return x
+
+  def breaks(x):
+    for _ in range(3):
+      if x > 2:
+        break
+      x = x + 1
+    return x
+
+  def long_range(x):
+    for _ in range(convert.MAX_UNROLLED_ITERATIONS + 1):
+      x = x + 1
+    return x
+
+  def local_bound(x, n):
+    for _ in range(n):
+      x = x + 1
+    return x
+
+  for f in (calls_batched, breaks, long_range, local_bound):
+    labels = [b.label for b in ir_of(f).entry.blocks]
+    assert any(label.startswith("for") for label in labels), f.__name__
+
+
+UNROLLED_TRIPS = 3
 
 
 def test_chained_comparison_is_rewritten():

@@ -1,11 +1,16 @@
 """IR-1 passes other than type inference."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import programs
+import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.passes import infer_types
+from tfp_autobatch.passes import inline
+from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import tail_duplicate
 
 INT = [types_lib.TensorType(tf.int32, ())]
@@ -34,3 +39,62 @@ def test_tail_duplication_removes_blocks_within_its_growth_bound():
   grown = sum(len(b.ops) for b in after.entry.blocks)
   assert grown <= tail_duplicate.MAX_GROWTH * sum(
       len(b.ops) + 1 for b in before.entry.blocks)
+
+
+# -- inlining --------------------------------------------------------------------
+
+digit_sum = programs.PROGRAMS_BY_NAME["digit_sum"].fn     # calls a helper once
+fib = programs.PROGRAMS_BY_NAME["fib"].fn                 # recursive
+
+
+@tab.batch
+def _twice(x):
+  return x * 2
+
+
+@tab.batch
+def _calls_twice_twice(x):
+  return _twice(x) + _twice(x + 1)
+
+
+def test_a_function_called_from_one_place_is_inlined():
+  untyped = pipeline.convert_program(digit_sum)
+  assert [f.name for f in untyped.functions] == ["digit_sum", "_take_digits"]
+  program = pipeline.typed_program(digit_sum, INT)
+  assert [f.name for f in program.functions] == ["digit_sum"]
+  ops = [op for b in program.entry.blocks for op in b.ops]
+  assert not any(isinstance(op, ir1.Call) for op in ops)
+  # The helper's variables live on in the caller, renamed, with its types.
+  assert program.var_type("digit_sum", "_take_digits.total") == INT[0]
+  # Loop header, unrolled helper and its return are one block per iteration.
+  assert len(program.entry.blocks) <= 3
+  x = np.array([0, 9, 10, 1234567, 2_000_000_000], np.int32)
+  for backend in ("local:eager", "pc:xla"):
+    np.testing.assert_array_equal(digit_sum(x, backend=backend),
+                                  [0, 9, 1, 28, 2])
+
+
+def test_recursive_and_shared_functions_are_not_inlined():
+  assert [f.name for f in pipeline.typed_program(fib, INT).functions] == [
+      "fib"]
+  shared = pipeline.typed_program(_calls_twice_twice, INT)
+  assert [f.name for f in shared.functions] == ["_calls_twice_twice",
+                                                "_twice"]
+
+
+def test_inlining_fewer_vm_steps():
+  x = np.array([5, 123456789], np.int32)
+  digit_sum(x, backend="pc:eager")
+  inlined = digit_sum.last_stats.steps
+  untyped = pipeline.convert_program(digit_sum)
+  typed = infer_types.infer_types(untyped, INT)
+  plain = lower.lower_to_stack_program(tail_duplicate.tail_duplicate(typed))
+  inlined_program = pipeline.stack_program(digit_sum, INT)
+  assert len(inlined_program.blocks) < len(plain.blocks)
+  # The entry, 3 iterations (9 digits, 3 per call) of one step, the exit.
+  assert inlined == 5
+
+
+def test_inline_needs_types():
+  with pytest.raises(tab.IRError, match="typed"):
+    inline.inline(pipeline.convert_program(digit_sum))

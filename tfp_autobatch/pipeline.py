@@ -2,6 +2,7 @@
 
     Python source --frontend.convert--> IR-1 (untyped, one per entry function)
       --infer_types--> typed IR-1 (one per input signature)
+      --inline, tail_duplicate--> fewer, bigger blocks
       --lower, stack_optimize--> IR-2 (program-counter backends)
       --backend--> runtime (one per signature and backend)
 
@@ -14,6 +15,7 @@ from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import infer_types
+from tfp_autobatch.passes import inline
 from tfp_autobatch.passes import tail_duplicate
 from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import stack_optimize
@@ -64,6 +66,7 @@ def typed_program(entry, arg_types):
     program = convert_program(entry)
     program = _checked(infer_types.infer_types(program, arg_types),
                        "infer_types")
+    program = _checked(inline.inline(program), "inline")
     _TYPED[key] = _checked(tail_duplicate.tail_duplicate(program),
                            "tail_duplicate")
   return _TYPED[key]

@@ -4,8 +4,9 @@ Statements are lowered into basic blocks. Straight-line statements become
 `Primitive`s (consecutive ones are grouped into one, compiled once); calls of
 other `@tab.batch` functions are hoisted out of expressions into `Call`s;
 `if`/`while`/`for range`/`break`/`continue`/`return`, conditional expressions
-and `and`/`or` become `Jump`/`Branch`/`Return` terminators. Anything we cannot
-batch raises `ConversionError` naming the line and saying what to write.
+and `and`/`or` become `Jump`/`Branch`/`Return` terminators; a short `for`
+over a range of Python ints is unrolled instead (`static_trips`). Anything we
+cannot batch raises `ConversionError` naming the line and saying what to write.
 """
 import ast
 import builtins
@@ -20,6 +21,7 @@ from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
 
 OPS = "__tab_ops__"   # name of the `pyops` module inside generated code
+MAX_UNROLLED_ITERATIONS = 16   # longer loops over constant ranges stay loops
 
 _REJECTED = {
     ast.Try: ("try/except", "check values with tf.where or tf.debugging instead"),
@@ -108,6 +110,22 @@ def _local_lambdas(stmts, params):
         lambdas[node.targets[0].id] = node.value
   return {k: v for k, v in lambdas.items()
           if stores.get(k) == 1 and k not in params}
+
+
+def _safe_operand(node):
+  """An expression that cannot fail or act when its value is not needed."""
+  match node:
+    case ast.Name() | ast.Constant():
+      return True
+    case ast.Attribute(value=value):
+      return _safe_operand(value)
+    case ast.UnaryOp(op=ast.Not(), operand=operand):
+      return _safe_operand(operand)
+    case ast.Compare(left=left, comparators=comparators):
+      return all(_safe_operand(v) for v in [left] + comparators)
+    case ast.BoolOp(values=values):
+      return all(_safe_operand(v) for v in values)
+  return False
 
 
 def _target_names(target):
@@ -406,6 +424,16 @@ class FunctionConverter:
     if not isinstance(s.target, ast.Name):
       raise self.error(s, "a for loop target that is not a plain name",
                        "loop over range(...) into one variable")
+    trips = self.static_trips(it, s.body)
+    if trips is not None:
+      # Every member runs the same iterations: no loop blocks at all.
+      for i in trips:
+        self.assign(s.target.id, ast.Constant(i), s)
+        # (A copy: lowering expressions rewrites their nodes in place.)
+        self.statements(copy.deepcopy(s.body))
+        if self.label is None:   # the body returned on every path
+          return
+      return
     counter, stop, step = (self.fresh("i"), self.fresh("stop"),
                            self.fresh("step"))
     bounds = [self.expression(a) for a in it.args]
@@ -432,6 +460,36 @@ class FunctionConverter:
                           s),
     ]
     self.loop(header, cond, s.body, prologue)
+
+  def static_trips(self, it, body):
+    """The values of `range(...)` when they are Python ints known now and
+    unrolling the loop is safe and cheap, else None.
+
+    Like AutoGraph's Python loops, a loop over a range of Python ints (a
+    literal or a name bound outside the function) is unrolled, but only when
+    the body can run straight through: no `break`/`continue`, no nested loop
+    and no call of a batched function (members reaching different iterations
+    of a call would no longer share its continuation blocks), and at most
+    MAX_UNROLLED_ITERATIONS iterations.
+    """
+    bounds = []
+    for arg in it.args:
+      value = (arg.value if isinstance(arg, ast.Constant)
+               else self.resolve(arg))
+      if not isinstance(value, int) or isinstance(value, bool):
+        return None
+      bounds.append(value)
+    trips = range(*bounds)
+    if len(trips) > MAX_UNROLLED_ITERATIONS:
+      return None
+    for stmt in body:
+      for node in ast.walk(stmt):
+        if isinstance(node, (ast.Break, ast.Continue, ast.While, ast.For)):
+          return None
+        if isinstance(node, ast.Call) and self.batched_kind(
+            node.func)[0] == "call":
+          return None
+    return trips
 
   # --- expressions ------------------------------------------------------------
 
@@ -548,8 +606,19 @@ class _ExpressionLowering(ast.NodeTransformer):
     return ast.copy_location(ast.Name(result, ast.Load()), node)
 
   def visit_BoolOp(self, node):
-    """`a and b`: result = a; if truthy(result): result = b (dually for or)."""
+    """`a and b`: result = a; if truthy(result): result = b (dually for or).
+
+    When every operand is safe to evaluate regardless of the others (names,
+    attributes, constants, and comparisons and `not` of those), nothing is
+    gained by short-circuiting, and a branch would cost batched steps: the
+    operands are combined by a select instead (`pyops.and_values`).
+    """
     c = self.c
+    if all(_safe_operand(v) for v in node.values):
+      combine = "and_values" if isinstance(node.op, ast.And) else "or_values"
+      return ast.copy_location(ast.Call(
+          ast.Attribute(ast.Name(OPS, ast.Load()), combine, ast.Load()),
+          [self.visit(v) for v in node.values], []), node)
     result = c.fresh("t")
     join = c.new_label("endbool")
     c.assign(result, self.visit(node.values[0]), node)

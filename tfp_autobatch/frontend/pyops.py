@@ -19,6 +19,36 @@ def truthy(x):
   return x if x.dtype == tf.bool else tf.not_equal(x, tf.zeros_like(x))
 
 
+def and_values(*values):
+  """Python's `a and b and ...` without short-circuiting: the first value
+  that is not truthy, else the last."""
+  result = values[-1]
+  for value in reversed(values[:-1]):
+    result = _pick(value, result, value)
+  return result
+
+
+def or_values(*values):
+  """Python's `a or b or ...` without short-circuiting: the first truthy
+  value, else the last."""
+  result = values[-1]
+  for value in reversed(values[:-1]):
+    result = _pick(value, value, result)
+  return result
+
+
+def _pick(test, if_true, if_false):
+  """`if_true if test else if_false` for a per-example scalar `test`."""
+  if isinstance(test, (bool, int, float)):
+    return if_true if test else if_false
+  python = (bool, int, float)
+  if isinstance(if_true, python) and not isinstance(if_false, python):
+    if_true = tf.convert_to_tensor(if_true, dtype_hint=if_false.dtype)
+  if isinstance(if_false, python) and not isinstance(if_true, python):
+    if_false = tf.convert_to_tensor(if_false, dtype_hint=if_true.dtype)
+  return tf.where(truthy(test), if_true, if_false)
+
+
 def logical_not(x):
   return tf.logical_not(truthy(x))
 

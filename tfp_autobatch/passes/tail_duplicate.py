@@ -6,7 +6,9 @@ a small join block (and so a loop header into the ends of the loop body) into
 each predecessor that ends in `Jump` to it removes those steps: a `while`
 loop whose body is an `if` takes 3 steps per iteration instead of 5. The
 copies read and write the same variables, so types and semantics are
-unchanged; blocks left without predecessors are dropped.
+unchanged; blocks left without predecessors are dropped. A jump target of
+any size whose only predecessor is that jump is merged into it (no code
+grows: the two blocks simply become one).
 """
 import dataclasses
 
@@ -27,6 +29,14 @@ def _copyable(block, entry_label):
           and all(isinstance(op, ir1.Primitive) for op in block.ops))
 
 
+def _predecessors(blocks):
+  counts = dict.fromkeys(blocks, 0)
+  for b in blocks.values():
+    for target in ir1.successors(b.terminator):
+      counts[target] += 1
+  return counts
+
+
 def _size(blocks):
   return sum(len(b.ops) + 1 for b in blocks.values())
 
@@ -42,8 +52,9 @@ def _function(fn):
       match block.terminator:
         case ir1.Jump(target) if target != label:
           callee = blocks[target]
-          if not _copyable(callee, entry) or _size(blocks) + len(
-              callee.ops) > budget:
+          merge = target != entry and _predecessors(blocks)[target] == 1
+          if not merge and (not _copyable(callee, entry) or _size(
+              blocks) + len(callee.ops) > budget):
             continue
           blocks[label] = ir1.Block(label, block.ops + callee.ops,
                                     callee.terminator)
