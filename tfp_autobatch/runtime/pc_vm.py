@@ -104,6 +104,14 @@ def apply_stack_write(stack, write, xla=False):
   return tf.nest.map_structure(leaf, stack, write.value)
 
 
+def _no_write(stack, z):
+  """A StackWrite of `stack` that writes nothing (every row masked off)."""
+  return StackWrite(tf.zeros([z], tf.int32),
+                    tf.nest.map_structure(lambda s: tf.zeros_like(s[0]),
+                                          stack),
+                    tf.zeros([z], tf.bool))
+
+
 def _poison(value, mask):
   def leaf(x):
     if x.dtype.is_floating or x.dtype.is_complex:
@@ -330,11 +338,9 @@ class PcVmRuntime:
     pack = self.mode == "xla"
     self._registers = register_file.RegisterFile(
         small, enabled=pack and p.cached_top)
-    nothing = tf.zeros([z], tf.bool)
-    self._writes = register_file.RegisterFile({
-        k: StackWrite(tf.zeros([z], tf.int32),
-                      tf.nest.map_structure(lambda s: s[0], stack), nothing)
-        for k, stack in stacks.items()}, enabled=pack)
+    self._writes = register_file.RegisterFile(
+        {k: _no_write(stack, z) for k, stack in stacks.items()},
+        enabled=pack)
     return {
         "registers": self._registers.pack(small),
         "stacks": stacks,
@@ -487,13 +493,9 @@ class PcVmRuntime:
       self._terminate(block.terminator, state, stacks, writes, active, read)
       # Every block returns a write for every stack (switch_case branches
       # must agree); the ones it does not write are masked off.
-      nothing = tf.zeros([z], tf.bool)
       for k in stacks:
         if k not in writes:
-          writes[k] = StackWrite(
-              tf.zeros([z], tf.int32),
-              tf.nest.map_structure(lambda s: tf.zeros_like(s[0]), stacks[k]),
-              nothing)
+          writes[k] = _no_write(stacks[k], z)
       return self._registers.pack(state), self._writes.pack(writes)
 
     return run
