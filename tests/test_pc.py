@@ -13,6 +13,7 @@ import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.passes import branch_at_call
 from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import stack_optimize
 from tfp_autobatch.runtime import pc_vm
@@ -96,14 +97,16 @@ program(fib.n) -> fib._result  [halt = 5; stacks with cached top]
     fib._t4 = primitive(fib.n) { _t4 = n - 1 }
     push fib.n
     fib.n = move(fib._t4)
-    pushjump fib/entry, return to fib/endif3.1
+    fib._cond0 = primitive(fib.n) { _cond0 = __tab_ops__.truthy(n <= 1) }
+    pushbranch fib._cond0 ? fib/then1 : fib/endif3, return to fib/endif3.1
   3 fib/endif3.1:
     fib._t5 = move(fib._result)
     pop fib.n
     fib._t6 = primitive(fib.n) { _t6 = n - 2 }
     push fib._t5
     fib.n = move(fib._t6)
-    pushjump fib/entry, return to fib/endif3.1.2
+    fib._cond0 = primitive(fib.n) { _cond0 = __tab_ops__.truthy(n <= 1) }
+    pushbranch fib._cond0 ? fib/then1 : fib/endif3, return to fib/endif3.1.2
   4 fib/endif3.1.2:
     fib._t7 = move(fib._result)
     pop fib._t5
@@ -211,6 +214,77 @@ def test_opt5_pop_push_becomes_update():
   want = [_tree_np(a, b) for a, b in zip(h, d)]
   np.testing.assert_array_equal(_run(before, h, d), want)
   np.testing.assert_array_equal(_run(after, h, d), want)
+
+
+def _steps(program, *args, depth=16):
+  """(results, VM steps) of an IR-2 program on the graph VM."""
+  runtime = pc_vm.PcVmRuntime(program, depth, mode="graph")
+  got = runtime.run([tf.constant(a, tf.int32) for a in args], None)
+  return got.numpy(), runtime.stats.steps
+
+
+def test_callers_run_the_callee_entry_test():
+  before = stack_optimize.optimize(lower.lower_to_stack_program(_typed(fib)))
+  after = branch_at_call.branch_at_call_sites(before)
+  assert "pushjump" in str(before) and "pushjump" not in str(after)
+  assert ("    fib.n = move(fib._t4)\n"
+          "    fib._cond0 = primitive(fib.n) { _cond0 = __tab_ops__.truthy(n <= 1) }\n"
+          "    pushbranch fib._cond0 ? fib/then1 : fib/endif3, "
+          "return to fib/endif3.1\n") in str(after)
+  n = np.arange(12)
+  got_before, steps_before = _steps(before, n)
+  got_after, steps_after = _steps(after, n)
+  np.testing.assert_array_equal(got_before, [_fib_np(i) for i in n])
+  np.testing.assert_array_equal(got_after, got_before)
+  # Every call but the first skips the step of fib/entry.
+  assert steps_after < 0.8 * steps_before
+
+
+@tab.batch
+def is_even_pc(n):
+  if n == 0:
+    return True
+  return is_odd_pc(n - 1)
+
+
+@tab.batch
+def is_odd_pc(n):
+  if n == 0:
+    return False
+  return is_even_pc(n - 1)
+
+
+def test_callee_entry_reached_only_by_calls_is_dropped():
+  program = pipeline.stack_program(is_even_pc, INT)
+  labels = [b.label for b in program.blocks]
+  assert "is_even_pc/entry" in labels          # the program's entry
+  assert "is_odd_pc/entry" not in labels       # every caller runs its test
+  n = np.arange(9)
+  got, _ = _steps(program, n)
+  np.testing.assert_array_equal(got, n % 2 == 0)
+
+
+@tab.batched_primitive
+def _double_all(x):
+  return 2 * x
+
+
+@tab.batch
+def model_first(n):
+  y = _double_all(n)
+  if n <= 0:
+    return y
+  return model_first(n - 1) + y
+
+
+def test_callee_entry_calling_the_model_keeps_its_step():
+  # The schedule gathers members at blocks that call a batched primitive;
+  # running one inside every caller's step would split them.
+  program = pipeline.stack_program(model_first, INT)
+  assert "pushjump model_first/entry" in str(program)
+  n = np.array([0, 1, 4])
+  got, _ = _steps(program, n)
+  np.testing.assert_array_equal(got, [0, 2, 20])
 
 
 # -- the VM through the public API.

@@ -3,7 +3,8 @@
     Python source --frontend.convert--> IR-1 (untyped, one per entry function)
       --infer_types--> typed IR-1 (one per input signature)
       --inline, tail_duplicate--> fewer, bigger blocks
-      --lower, stack_optimize--> IR-2 (program-counter backends)
+      --lower, stack_optimize, branch_at_call--> IR-2 (program-counter
+        backends)
       --backend--> runtime (one per signature and backend)
 
 With TFP_AUTOBATCH_DEBUG=1 (the tests set it), `verify` runs after each pass.
@@ -15,6 +16,7 @@ from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import infer_types
+from tfp_autobatch.passes import branch_at_call
 from tfp_autobatch.passes import inline
 from tfp_autobatch.passes import tail_duplicate
 from tfp_autobatch.passes import lower
@@ -81,7 +83,10 @@ def stack_program_of(typed):
         ir2.verify_ir2(program, after)
       return program
     program = check(lower.lower_to_stack_program(typed), "lower")
-    _STACK[id(typed)] = (typed, stack_optimize.optimize(program, check))
+    program = stack_optimize.optimize(program, check)
+    program = check(branch_at_call.branch_at_call_sites(program),
+                    "branch_at_call_sites")
+    _STACK[id(typed)] = (typed, program)
   return _STACK[id(typed)][1]
 
 

@@ -122,15 +122,18 @@ def successors(terminator):
       return []
 
 
-def reachable(blocks):
-  """The blocks reachable from the first, in their original order."""
+def reachable(blocks, successors_of=None):
+  """The blocks reachable from the first, in their original order.
+  `successors_of(terminator)` defaults to IR-1's `successors` (IR-2 passes
+  give theirs)."""
+  successors_of = successors_of or successors
   by_label = {b.label: b for b in blocks}
   seen, todo = set(), [blocks[0].label]
   while todo:
     label = todo.pop()
     if label not in seen:
       seen.add(label)
-      todo.extend(successors(by_label[label].terminator))
+      todo.extend(successors_of(by_label[label].terminator))
   return [b for b in blocks if b.label in seen]
 
 

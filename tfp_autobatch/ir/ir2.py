@@ -10,6 +10,11 @@
                                                    leaving the copy saved
     terminator ::= Jump(label) | Branch(var, then, else)
                  | PushJump(callee_label, return_label)
+                 | PushBranch(var, then, else, return_label)
+                                                   push return_label, then
+                                                   branch (a call whose
+                                                   callee's entry block was
+                                                   run by the caller)
                  | Return()                        pop the pc stack
     Halt       ::= the block index len(blocks)
 
@@ -65,6 +70,33 @@ class Update:
 class PushJump:
   target: str
   return_label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PushBranch:
+  cond: str
+  then_label: str
+  else_label: str
+  return_label: str
+
+
+CALLS = (PushJump, PushBranch)
+
+
+def entered(terminator):
+  """The callee blocks a call terminator may enter."""
+  match terminator:
+    case PushJump(target, _):
+      return (target,)
+    case PushBranch(_, then_label, else_label, _):
+      return (then_label, else_label)
+    case _:
+      raise errors.IRError(f"not a call: {terminator!r}")
+
+
+def callee_of(terminator):
+  """The function a call terminator enters."""
+  return function_of(entered(terminator)[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +183,8 @@ def successors(terminator):
       return (then_label, else_label)
     case PushJump(target, return_label):
       return (target, return_label)
+    case PushBranch(_, then_label, else_label, return_label):
+      return (then_label, else_label, return_label)
     case Return():
       return ()
     case _:
@@ -177,6 +211,9 @@ def format_terminator(t):
   match t:
     case PushJump(target, return_label):
       return f"pushjump {target}, return to {return_label}"
+    case PushBranch(cond, then_label, else_label, return_label):
+      return (f"pushbranch {cond} ? {then_label} : {else_label}, "
+              f"return to {return_label}")
     case Jump() | Branch() | Return():
       return ir1.format_terminator(t)
     case _:
@@ -232,12 +269,15 @@ def verify_ir2(program, after="?"):
       if isinstance(op, (Primitive, Move)) and len(set(op.outs)) != len(op.outs):
         fail(f"{b.label}: an op writes a variable twice")
     t = b.terminator
-    if isinstance(t, Branch) and t.cond not in known:
+    if isinstance(t, (Branch, PushBranch)) and t.cond not in known:
       fail(f"{b.label}: branch on unknown '{t.cond}'")
+    if (isinstance(t, PushBranch)
+        and function_of(t.else_label) != function_of(t.then_label)):
+      fail(f"{b.label}: pushbranch into two functions")
     for target in successors(t):
       if target not in labels:
         fail(f"{b.label}: jump to unknown label '{target}'")
-    if isinstance(t, PushJump) and function_of(t.target) not in program.results:
-      fail(f"{b.label}: call of '{function_of(t.target)}' whose result "
+    if isinstance(t, CALLS) and callee_of(t) not in program.results:
+      fail(f"{b.label}: call of '{callee_of(t)}' whose result "
            "variable is unknown")
   return program

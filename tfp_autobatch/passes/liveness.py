@@ -1,7 +1,8 @@
 """Liveness of IR-2 variables: which values may still be read.
 
 A backward worklist fixpoint over the merged control-flow graph. A
-`PushJump(callee, cont)` flows both into the callee (its parameters are read
+call (`PushJump(callee, cont)`, or `PushBranch`, which enters one of two
+callee blocks) flows both into the callee (its parameters are read
 there) and to `cont` (the caller's variables are read after the call; the
 caller-saves code makes that sound), except the callee's result, which the
 callee always writes. `Return` has no successors: what a continuation reads
@@ -14,7 +15,7 @@ def live_before(ops, terminator, live_out):
   """Variables live before each op of a block: a list, one set per op, plus
   the set live before the terminator as the last element."""
   live = set(live_out)
-  if isinstance(terminator, ir2.Branch):
+  if isinstance(terminator, (ir2.Branch, ir2.PushBranch)):
     live.add(terminator.cond)
   result = [frozenset(live)]
   for op in reversed(ops):
@@ -47,9 +48,10 @@ def live_in(program):
 
 def _out(program, block, live):
   t = block.terminator
-  if isinstance(t, ir2.PushJump):
-    result = program.results[ir2.function_of(t.target)]
-    return live[t.target] | (live[t.return_label] - {result})
+  if isinstance(t, ir2.CALLS):
+    result = program.results[ir2.callee_of(t)]
+    entered = frozenset().union(*(live[s] for s in ir2.entered(t)))
+    return entered | (live[t.return_label] - {result})
   return frozenset().union(*(live[s] for s in ir2.successors(t)))
 
 

@@ -35,8 +35,8 @@ def call_reach(program):
   direct = {}
   for b in program.blocks:
     direct.setdefault(function_of(b.label), set())
-    if isinstance(b.terminator, ir2.PushJump):
-      direct[function_of(b.label)].add(function_of(b.terminator.target))
+    if isinstance(b.terminator, ir2.CALLS):
+      direct[function_of(b.label)].add(ir2.callee_of(b.terminator))
   reach = {}
   for f in direct:
     seen, stack = {f}, [f]
@@ -56,8 +56,8 @@ def drop_unclobbered_saves(program):
   drop = {}      # block label -> variables whose Push/Pop there goes
   for b in program.blocks:
     t = b.terminator
-    if isinstance(t, ir2.PushJump):
-      runs = reach[function_of(t.target)]
+    if isinstance(t, ir2.CALLS):
+      runs = reach[ir2.callee_of(t)]
       safe = {op.var for op in b.ops if isinstance(op, ir2.Push)
               and function_of(op.var) not in runs}
       drop.setdefault(b.label, set()).update(("push", v) for v in safe)

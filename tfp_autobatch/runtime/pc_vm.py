@@ -511,17 +511,22 @@ class PcVmRuntime:
         state["pc_top"] = tf.where(
             active, tf.where(taken, labels[then_label], labels[else_label]),
             pc_top)
-      case ir2.PushJump(target, return_label):
+      case ir2.PushJump() | ir2.PushBranch():
+        if isinstance(terminator, ir2.PushJump):
+          target = labels[terminator.target]
+        else:
+          target = tf.where(tf.cast(read(terminator.cond), tf.bool),
+                            labels[terminator.then_label],
+                            labels[terminator.else_label])
         sp = state["pc_sp"]
         overflow = active & (sp >= self.depth)
         ok = active & ~overflow
-        writes["pc"] = StackWrite(tf.minimum(sp, self.depth - 1),
-                                  tf.fill(tf.shape(sp), labels[return_label]),
-                                  ok)
+        writes["pc"] = StackWrite(
+            tf.minimum(sp, self.depth - 1),
+            tf.fill(tf.shape(sp), labels[terminator.return_label]), ok)
         state["pc_sp"] = sp + tf.cast(ok, tf.int32)
         state["pc_top"] = tf.where(
-            ok, labels[target],
-            tf.where(overflow, self.program.halt, pc_top))
+            ok, target, tf.where(overflow, self.program.halt, pc_top))
         state["overflow"] = state["overflow"] | overflow
       case ir2.Return():
         sp = state["pc_sp"] - tf.cast(active, tf.int32)
