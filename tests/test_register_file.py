@@ -2,8 +2,10 @@
 import collections
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
+from tfp_autobatch import errors
 from tfp_autobatch.runtime import register_file
 
 Pair = collections.namedtuple("Pair", ["count", "flag"])
@@ -61,3 +63,64 @@ def test_disabled_packs_nothing():
   files, loose = packing.pack(example)
   assert files == {}
   assert len(loose) == len(tf.nest.flatten(example))
+
+
+def _float_example(z=3):
+  return {"pc": tf.constant([0, 1, 2][:z], tf.int32),
+          "vars": {"a": tf.reshape(tf.range(z * 2, dtype=tf.float32), [z, 2]),
+                   "b": tf.ones([z, 2], tf.float32) * 7.,
+                   "s": tf.constant([1., 2., 3.][:z], tf.float64),
+                   "w": tf.fill([z, 2], 5.)}}
+
+
+def test_banks_group_float_registers_by_dtype_and_shape():
+  example = _float_example()
+  banks = register_file.RegisterBanks(example)
+  stacked, rest = banks.split(example)
+  assert sorted(stacked) == [("float32", (2,)), ("float64", ())]
+  assert stacked[("float32", (2,))].shape == (3, 3, 2)    # a, b, w
+  assert [t.dtype for t in rest] == [tf.int32]            # pc
+  back = banks.join(stacked, rest)
+  for got, want in zip(tf.nest.flatten(back), tf.nest.flatten(example)):
+    np.testing.assert_array_equal(got, want)
+
+
+def test_bank_writes_change_only_the_written_registers():
+  example = _float_example()
+  banks = register_file.RegisterBanks(example)
+  stacked, rest = banks.split(example)
+  positions = {"a": 1, "b": 2, "s": 3, "w": 4}   # flat order: pc, a, b, s, w
+  # Blocks that may change {a, w} and {b}: the float32 bank takes 2 rows.
+  banks.reserve([{positions["a"], positions["w"]}, {positions["b"]}])
+  old = banks.join(stacked, rest)
+  new = {"pc": old["pc"], "vars": dict(old["vars"], b=old["vars"]["b"] + 1.)}
+  writes = banks.changes(new, old, {positions["b"]})
+  index, values = writes[("float32", (2,))]
+  assert index.numpy().tolist() == [1, 1]    # b, padded by repeating it
+  assert values.shape == (2, 3, 2)
+  after = tf.function(lambda: banks.apply(stacked, writes),
+                      jit_compile=True)()
+  got = banks.join(after, rest)["vars"]
+  np.testing.assert_array_equal(got["b"], example["vars"]["b"] + 1.)
+  np.testing.assert_array_equal(got["a"], example["vars"]["a"])
+  np.testing.assert_array_equal(got["w"], example["vars"]["w"])
+
+
+def test_bank_write_outside_the_declared_registers_is_an_error():
+  example = _float_example()
+  banks = register_file.RegisterBanks(
+      example, names=["pc", "a", "b", "s", "w"])
+  stacked, rest = banks.split(example)
+  banks.reserve([{1}])
+  old = banks.join(stacked, rest)
+  new = {"pc": old["pc"], "vars": dict(old["vars"], w=old["vars"]["w"] * 2.)}
+  with pytest.raises(errors.IRError, match="'w' changed"):
+    banks.changes(new, old, {1})
+
+
+def test_banks_disabled_bank_nothing():
+  example = _float_example()
+  stacked, rest = register_file.RegisterBanks(
+      example, enabled=False).split(example)
+  assert stacked == {}
+  assert len(rest) == 5

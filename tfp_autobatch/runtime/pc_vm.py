@@ -244,7 +244,8 @@ class PcVmRuntime:
 
   def _small(self, state):
     """The registers, pc and overflow flags, unpacked from the loop state."""
-    return self._registers.unpack(*state["registers"])
+    return self._banks.join(state["banks"],
+                            self._registers.unpack(*state["registers"]))
 
   def _step(self, nxt, state, eager):
     """Runs block `nxt`, then applies its stack writes outside the block.
@@ -254,15 +255,17 @@ class PcVmRuntime:
     """
     stacks = state["stacks"]
     if eager:
-      registers, packed_writes = self._blocks[nxt](state)
+      registers, bank_writes, packed_writes = self._blocks[nxt](state)
     else:
-      registers, packed_writes = tf.switch_case(
+      registers, bank_writes, packed_writes = tf.switch_case(
           nxt, [lambda fn=fn: fn(state) for fn in self._blocks])
     writes = self._writes.unpack(*packed_writes)
+    banks = self._banks.apply(state["banks"], bank_writes)
     pc_top = self._small(state)["pc_top"]
-    pc_sp = self._registers.unpack(*registers)["pc_sp"]
+    pc_sp = self._small({"banks": banks, "registers": registers})["pc_sp"]
     return {
         "registers": registers,
+        "banks": banks,
         "stacks": {k: apply_stack_write(stacks[k], writes[k],
                                         xla=self.mode == "xla")
                    for k in stacks},
@@ -336,19 +339,48 @@ class PcVmRuntime:
     # unoptimised layout keeps [D, Z, ...] stacks among the variables:
     # those are not rows of the batch, so nothing is packed there.
     pack = self.mode == "xla"
+    # The variable each leaf of `small` belongs to ("" for the pc etc.).
+    owners = tf.nest.flatten(dict(
+        tf.nest.map_structure(lambda _: "", small),
+        vars={v: tf.nest.map_structure(lambda _, v=v: v, store)
+              for v, store in variables.items()}))
+    self._banks = register_file.RegisterBanks(
+        small, enabled=pack and p.cached_top, names=owners)
+    banks, rest = self._banks.split(small)
+    self._changed = self._changed_positions(owners)
+    self._banks.reserve(self._changed)
     self._registers = register_file.RegisterFile(
-        small, enabled=pack and p.cached_top)
+        rest, enabled=pack and p.cached_top)
     self._writes = register_file.RegisterFile(
         {k: _no_write(stack, z) for k, stack in stacks.items()},
         enabled=pack)
     return {
-        "registers": self._registers.pack(small),
+        "registers": self._registers.pack(rest),
+        "banks": banks,
         "stacks": stacks,
         "steps": tf.constant(0, tf.int32),
         "executions": tf.zeros([p.halt], tf.int32),
         "active": tf.constant(0, tf.int32),
         "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
     }
+
+  def _changed_positions(self, owners):
+    """Per block, the flat positions (in the nest of `_small`, whose leaves
+    belong to the variables `owners`) of the variables the block may
+    change: whatever it assigns (temporaries aside), pushes, pops or
+    updates."""
+    positions = []
+    for block in self.program.blocks:
+      changed = set()
+      for op in block.ops:
+        if isinstance(op, (ir2.Push, ir2.Pop, ir2.Update)):
+          changed.add(op.var)
+        else:
+          changed.update(ir2.writes(op))
+      changed -= self.program.temporaries
+      positions.append(frozenset(i for i, owner in enumerate(owners)
+                                 if owner in changed))
+    return positions
 
   # -- storage of one variable ----------------------------------------------
   # `store` is vars[v]; with a cached top, `stack` is stacks[v] (read only:
@@ -431,7 +463,8 @@ class PcVmRuntime:
 
     def run(state):
       stacks = state["stacks"]
-      state = dict(self._small(state))
+      before = self._small(state)
+      state = dict(before)
       variables = dict(state["vars"])
       pc_top = state["pc_top"]
       z = tf.shape(pc_top)[0]
@@ -496,7 +529,9 @@ class PcVmRuntime:
       for k in stacks:
         if k not in writes:
           writes[k] = _no_write(stacks[k], z)
-      return self._registers.pack(state), self._writes.pack(writes)
+      changed = self._banks.changes(state, before, self._changed[index])
+      return (self._registers.pack(self._banks.rest(state)), changed,
+              self._writes.pack(writes))
 
     return run
 
