@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import programs
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir2
@@ -240,25 +241,11 @@ def test_callers_run_the_callee_entry_test():
   assert steps_after < 0.8 * steps_before
 
 
-@tab.batch
-def is_even_pc(n):
-  if n == 0:
-    return True
-  return is_odd_pc(n - 1)
-
-
-@tab.batch
-def is_odd_pc(n):
-  if n == 0:
-    return False
-  return is_even_pc(n - 1)
-
-
 def test_callee_entry_reached_only_by_calls_is_dropped():
-  program = pipeline.stack_program(is_even_pc, INT)
+  program = pipeline.stack_program(programs.is_even, INT)
   labels = [b.label for b in program.blocks]
-  assert "is_even_pc/entry" in labels          # the program's entry
-  assert "is_odd_pc/entry" not in labels       # every caller runs its test
+  assert "is_even/entry" in labels          # the program's entry
+  assert "is_odd/entry" not in labels       # every caller runs its test
   n = np.arange(9)
   got, _ = _steps(program, n)
   np.testing.assert_array_equal(got, n % 2 == 0)
