@@ -15,8 +15,8 @@ import os
 from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import verify as verify_lib
-from tfp_autobatch.passes import infer_types
 from tfp_autobatch.passes import branch_at_call
+from tfp_autobatch.passes import infer_types
 from tfp_autobatch.passes import inline
 from tfp_autobatch.passes import tail_duplicate
 from tfp_autobatch.passes import lower
