@@ -282,3 +282,16 @@ def test_demo_passes_flags_through(tmp_path):
   with open(output) as f:
     records = json.load(f)
   assert [(r["system"], r["batch_size"]) for r in records] == [("limit", 2)]
+
+
+def test_vm_steps_benchmark_counts_steps_of_one_fixed_transition():
+  from benchmarks import nuts_vm_steps
+  problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
+  record = nuts_vm_steps.measure(problem, chains=2, num_trajectories=1,
+                                 repeats=2, backend="pc:graph")
+  assert record["vm_steps"] > 0 and record["leapfrogs"] > 0
+  # Each leapfrog is in a leaf step, and one leaf step serves both chains.
+  assert record["vm_steps"] >= record["leapfrogs"] / 2
+  assert 0 < record["min_sec"] <= record["median_sec"]
+  assert record["us_per_vm_step"] == pytest.approx(
+      record["median_sec"] / record["vm_steps"] * 1e6)
