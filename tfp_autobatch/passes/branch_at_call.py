@@ -22,6 +22,7 @@ for it) or ends in another call or a return is left alone. Entry blocks no
 longer reachable afterwards are dropped. NUTS's `build_tree` takes one VM
 step fewer per call (both recursive calls and the trajectory's).
 """
+from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import ir2
 
@@ -42,6 +43,9 @@ def _folded_call(caller, entry, call):
     case ir2.Branch(cond, then_label, else_label):
       terminator = ir2.PushBranch(cond, then_label, else_label,
                                   call.return_label)
+    case _:
+      raise errors.IRError(f"{entry.label}: cannot run {entry.terminator!r} "
+                           "at a call site")
   return ir2.Block(caller.label, caller.ops + entry.ops, terminator)
 
 
@@ -55,4 +59,3 @@ def branch_at_call_sites(program):
       b = _folded_call(b, by_label[t.target], t)
     blocks.append(b)
   return program.replace(blocks=tuple(ir1.reachable(blocks, ir2.successors)))
-

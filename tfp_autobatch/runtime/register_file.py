@@ -94,7 +94,7 @@ class RegisterFile:
 
 class RegisterBanks:
   """Floating-point registers kept in banks [R, Z, ...], one per dtype and
-  per-example shape, written by scatter outside the block dispatch.
+  per-example shape, written back outside the block dispatch.
 
   A `tf.switch_case` branch under XLA copies every tensor it returns, also
   the ones it leaves alone: with forty [Z, 100] float registers, NUTS's VM
@@ -138,13 +138,11 @@ class RegisterBanks:
   def split(self, nest):
     """`(banks, rest)`: {key: [R, Z, ...]} and the unbanked leaves."""
     columns = {key: [] for key in self.sizes}
-    rest = []
     for leaf, slot in zip(tf.nest.flatten(nest), self._slots):
-      if slot is None:
-        rest.append(leaf)
-      else:
+      if slot is not None:
         columns[slot[0]].append(leaf)
-    return {key: tf.stack(c) for key, c in columns.items()}, rest
+    return ({key: tf.stack(c) for key, c in columns.items()},
+            self.rest(nest))
 
   def rest(self, nest):
     """The unbanked leaves of `nest`."""
@@ -171,9 +169,10 @@ class RegisterBanks:
   def changes(self, new, old, positions):
     """The bank writes taking `old` to `new`, which differ at most at the
     flat `positions` (checked: a change elsewhere would be lost)."""
+    old_leaves = tf.nest.flatten(old)
     writes = {key: ([], []) for key, k in self.capacity.items() if k}
-    for i, (a, b, slot) in enumerate(zip(tf.nest.flatten(new),
-                                         tf.nest.flatten(old), self._slots)):
+    for i, (a, b, slot) in enumerate(zip(tf.nest.flatten(new), old_leaves,
+                                         self._slots)):
       if slot is None:
         continue
       if i not in positions:
@@ -188,15 +187,16 @@ class RegisterBanks:
     for key, (index, values) in writes.items():
       if not index:   # rewrite register 0 with its value: a no-op
         index = [0]
-        values = [tf.nest.flatten(old)[self._slots.index((key, 0))]]
+        values = [old_leaves[self._slots.index((key, 0))]]
       pad = self.capacity[key] - len(index)   # repeat the last write
       packed[key] = (tf.constant(index + index[-1:] * pad, tf.int32),
                      tf.stack(values + values[-1:] * pad))
     return packed
 
   def apply(self, banks, writes):
-    """`banks` with `writes` scattered in (in place under XLA, which skips
-    the padding's out-of-range rows)."""
+    """`banks` with `writes` written in: one dynamic-update-slice per
+    written row, in place under XLA (padding rewrites a row with the value
+    it was just given)."""
     out = dict(banks)
     for key, (index, values) in writes.items():
       bank = banks[key]
