@@ -18,6 +18,7 @@ from tfp_autobatch.passes import branch_at_call
 from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import stack_optimize
 from tfp_autobatch.runtime import pc_vm
+from tfp_autobatch.runtime import stack_banks
 
 os.environ.setdefault("TFP_AUTOBATCH_DEBUG", "1")
 os.environ.setdefault("TFP_AUTOBATCH_STRICT_PFOR", "1")
@@ -384,7 +385,7 @@ _ops = st.lists(st.tuples(st.sampled_from(["push", "pop", "update", "write"]),
 
 
 _apply_write_xla = tf.function(
-    lambda stack, write: pc_vm.apply_stack_write(stack, write, xla=True),
+    lambda stack, write: stack_banks.apply_stack_write(stack, write, xla=True),
     jit_compile=True)
 
 
@@ -418,7 +419,7 @@ def test_stack_ops_match_list_model(ops, cached_top, xla):
         assert (write is not None) == cached_top
         if write is not None:
           stack = (_apply_write_xla(stack, write) if xla else
-                   pc_vm.apply_stack_write(stack, write))
+                   stack_banks.apply_stack_write(stack, write))
       case "write":
         store = cls._write(vm, store, "v", value, m)
       case "pop" | "update":

@@ -12,13 +12,15 @@ The VM state is a dict of tensors with batch dimension Z:
   overflow [Z], and the statistics counters.
 
 The big [D, Z, ...] buffers of `stacks` stay out of the blocks' results: a
-block only reads them and returns one `StackWrite` per buffer (the row each
-member writes, the values, a mask), which the loop applies after the block
-with one scatter of Z rows. Under XLA that scatter updates the loop's buffer
-in place, so a step costs O(Z) per stack instead of a copy of every stack
-(a buffer returned from a `tf.switch_case` branch is copied whole). With the
-top not cached, stacks are written at several rows per block and stay in
-`vars` (the unoptimised layout, kept for comparison).
+block only reads them and returns one `StackWrite` per stack it pushes (the
+row each member writes, the values, a mask), which the loop applies after
+the block with a scatter. Under XLA that scatter updates the loop's buffer
+in place, so a step costs O(Z) per written stack instead of a copy of every
+stack (a buffer returned from a `tf.switch_case` branch is copied whole),
+and the stacks are kept in banks by dtype and shape, a scatter per bank
+(`stack_banks`). With the top not cached, stacks are written at several
+rows per block and stay in `vars` (the unoptimised layout, kept for
+comparison).
 
 Each step picks a block (the lowest waiting pc, or the one most members wait
 at), and runs it for the members waiting there: every primitive runs on all
@@ -35,7 +37,6 @@ dtype's minimum for integers, False for booleans) and a `tf.debugging.Assert`
 fails the graph; under the user's XLA, which drops asserts, the poisoned rows
 are what remains.
 """
-import collections
 import functools
 
 import numpy as np
@@ -46,15 +47,12 @@ from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import register_file
+from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import vectorize
 
 SCHEDULES = ("lowest_pc", "most_waiting", "crowded_lowest_pc",
              "primitives_last")
-
-# `stack[row[i], i] = value[i]` where `mask[i]`, applied after a block.
-StackWrite = collections.namedtuple("StackWrite", ["row", "value", "mask"])
-
 
 def _index(stack, sp):
   """Gather/scatter indices of `(sp[i], i)`, sp clipped into the stack."""
@@ -81,35 +79,6 @@ def _set_rows(stack, sp, value, mask):
                          mask[None, :])
     return batch_state.where(hit, v[None], s)
   return tf.nest.map_structure(leaf, stack, value)
-
-
-def apply_stack_write(stack, write, xla=False):
-  """`stack` with one `StackWrite` applied: a scatter of Z rows, in place
-  under XLA. Under XLA masked-off members get an out-of-range row, which
-  XLA's scatter skips; elsewhere (TF raises on such rows) their old rows
-  are gathered and written back unchanged."""
-  if xla:
-    depth = tf.shape(tf.nest.flatten(stack)[0])[0]
-    row = tf.where(write.mask, tf.clip_by_value(write.row, 0, depth - 1),
-                   depth)
-    idx = tf.stack([row, tf.range(tf.shape(row)[0])], axis=1)
-    return tf.nest.map_structure(
-        lambda s, v: tf.tensor_scatter_nd_update(s, idx, v), stack,
-        write.value)
-  idx = _index(stack, write.row)
-  def leaf(s, v):
-    old = tf.gather_nd(s, idx)
-    return tf.tensor_scatter_nd_update(
-        s, idx, batch_state.where(write.mask, v, old))
-  return tf.nest.map_structure(leaf, stack, write.value)
-
-
-def _no_write(stack, z):
-  """A StackWrite of `stack` that writes nothing (every row masked off)."""
-  return StackWrite(tf.zeros([z], tf.int32),
-                    tf.nest.map_structure(lambda s: tf.zeros_like(s[0]),
-                                          stack),
-                    tf.zeros([z], tf.bool))
 
 
 def _poison(value, mask):
@@ -266,9 +235,7 @@ class PcVmRuntime:
     return {
         "registers": registers,
         "banks": banks,
-        "stacks": {k: apply_stack_write(stacks[k], writes[k],
-                                        xla=self.mode == "xla")
-                   for k in stacks},
+        "stacks": self._stacks.apply(stacks, writes, xla=self.mode == "xla"),
         "steps": state["steps"] + 1,
         "executions": state["executions"] + tf.one_hot(
             nxt, self.program.halt, dtype=tf.int32),
@@ -351,18 +318,31 @@ class PcVmRuntime:
     self._banks.reserve(self._changed)
     self._registers = register_file.RegisterFile(
         rest, enabled=pack and p.cached_top)
+    self._stacks = stack_banks.StackBanks(stacks, d,
+                                          enabled=pack and p.cached_top)
+    self._stacks.reserve([self._pushed_stacks(b) for b in p.blocks])
+    # Banked writes are a few [K * Z, ...] tensors, not rows of the batch.
     self._writes = register_file.RegisterFile(
-        {k: _no_write(stack, z) for k, stack in stacks.items()},
-        enabled=pack)
+        self._stacks.pack({}, z), enabled=pack and not self._stacks.enabled)
     return {
         "registers": self._registers.pack(rest),
         "banks": banks,
-        "stacks": stacks,
+        "stacks": self._stacks.initial(stacks),
         "steps": tf.constant(0, tf.int32),
         "executions": tf.zeros([p.halt], tf.int32),
         "active": tf.constant(0, tf.int32),
         "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
     }
+
+  def _pushed_stacks(self, block):
+    """The stacks `block` writes: the variables it pushes (with a cached
+    top), and the pc's if it calls."""
+    names = {op.var for op in block.ops if isinstance(op, ir2.Push)}
+    if not self.program.cached_top:
+      names = set()
+    if isinstance(block.terminator, ir2.CALLS):
+      names.add("pc")
+    return names
 
   def _changed_positions(self, owners):
     """Per block, the flat positions (in the nest of `_small`, whose leaves
@@ -416,7 +396,7 @@ class PcVmRuntime:
     sp = store["sp"]
     write = None
     if self.program.cached_top:
-      write = StackWrite(tf.minimum(sp, top), value, mask)
+      write = stack_banks.StackWrite(tf.minimum(sp, top), value, mask)
       store["top"] = batch_state.where(mask, value, store["top"])
     else:
       stack = _set_rows(store["stack"], tf.minimum(sp, top), value, mask)
@@ -513,9 +493,10 @@ class PcVmRuntime:
               writes[v] = write
             dirty.discard(v)
           case ir2.Pop(v) | ir2.Update(v):
-            variables[v], saved = self._pop(variables[v], v, active,
-                                            keep=isinstance(op, ir2.Update),
-                                            stack=stacks.get(v))
+            variables[v], saved = self._pop(
+                variables[v], v, active, keep=isinstance(op, ir2.Update),
+                stack=(self._stacks.view(stacks, v) if p.cached_top
+                       else None))
             env[v] = sanitize(saved)
             dirty.discard(v)
           case _:
@@ -523,19 +504,17 @@ class PcVmRuntime:
       for v in sorted(dirty - p.temporaries):
         variables[v] = self._write(variables[v], v, env[v], active)
       state["vars"] = variables
-      self._terminate(block.terminator, state, stacks, writes, active, read)
-      # Every block returns a write for every stack (switch_case branches
-      # must agree); the ones it does not write are masked off.
-      for k in stacks:
-        if k not in writes:
-          writes[k] = _no_write(stacks[k], z)
+      self._terminate(block.terminator, state,
+                      self._stacks.view(stacks, "pc"), writes, active, read)
+      # Every block returns the same writes (switch_case branches must
+      # agree): the stacks it does not write get masked-off ones.
       changed = self._banks.changes(state, before, self._changed[index])
       return (self._registers.pack(self._banks.rest(state)), changed,
-              self._writes.pack(writes))
+              self._writes.pack(self._stacks.pack(writes, z)))
 
     return run
 
-  def _terminate(self, terminator, state, stacks, writes, active, read):
+  def _terminate(self, terminator, state, pc_stack, writes, active, read):
     labels = self.program.block_index()
     pc_top = state["pc_top"]
     match terminator:
@@ -556,7 +535,7 @@ class PcVmRuntime:
         sp = state["pc_sp"]
         overflow = active & (sp >= self.depth)
         ok = active & ~overflow
-        writes["pc"] = StackWrite(
+        writes["pc"] = stack_banks.StackWrite(
             tf.minimum(sp, self.depth - 1),
             tf.fill(tf.shape(sp), labels[terminator.return_label]), ok)
         state["pc_sp"] = sp + tf.cast(ok, tf.int32)
@@ -565,7 +544,7 @@ class PcVmRuntime:
         state["overflow"] = state["overflow"] | overflow
       case ir2.Return():
         sp = state["pc_sp"] - tf.cast(active, tf.int32)
-        back = _rows(stacks["pc"], tf.maximum(sp, 0))
+        back = _rows(pc_stack, tf.maximum(sp, 0))
         state["pc_sp"] = sp
         state["pc_top"] = tf.where(active, back, pc_top)
       case _:

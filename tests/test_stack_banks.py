@@ -1,0 +1,97 @@
+"""The pc VM's stacks kept in banks: layout, writes, reads, compiled loop."""
+import collections
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import programs
+from tfp_autobatch import errors
+from tfp_autobatch import pipeline
+from tfp_autobatch.runtime import stack_banks
+
+D = 4
+Pair = collections.namedtuple("Pair", ["count", "weight"])
+
+
+def _stacks(z):
+  return {
+      "pc": tf.zeros([D, z], tf.int32),
+      "depth": tf.zeros([D, z], tf.int32),
+      "pair": Pair(tf.zeros([D, z], tf.int32), tf.zeros([D, z, 2])),
+      "x": tf.zeros([D, z, 2]),
+      "flag": tf.zeros([D, z], tf.bool),
+  }
+
+
+def _write(z, rng, stack):
+  row = tf.constant(rng.integers(0, D, z), tf.int32)
+  mask = tf.constant(rng.random(z) < 0.6)
+  value = tf.nest.map_structure(
+      lambda s: tf.constant(rng.integers(1, 99, s.shape[1:]), s.dtype), stack)
+  return stack_banks.StackWrite(row, value, mask)
+
+
+def test_layout_one_bank_per_dtype_and_shape():
+  banks = stack_banks.StackBanks(_stacks(3), D)
+  # int32 scalars: pc, depth, pair.count; float32 [2]: pair.weight, x; bool.
+  assert banks.sizes == {("int32", ()): 3, ("float32", (2,)): 2,
+                         ("bool", ()): 1}
+  state = banks.initial(_stacks(3))
+  assert state[("int32", ())].shape == (D, 3, 3)
+  assert state[("float32", (2,))].shape == (D, 2, 3, 2)
+  banks.reserve([{"pc", "depth"}, {"pair"}, {"x", "pair", "flag"}, set()])
+  assert banks.capacity == {("int32", ()): 2, ("float32", (2,)): 2,
+                            ("bool", ()): 1}
+
+
+# Banks are for XLA only (elsewhere TF raises on their out-of-range rows).
+@pytest.mark.parametrize("enabled,xla", [(True, True), (False, True),
+                                         (False, False)])
+@pytest.mark.parametrize("z", [0, 1, 5])
+def test_writes_and_reads_match_one_stack_at_a_time(enabled, xla, z):
+  rng = np.random.default_rng(z)
+  example = _stacks(z)
+  blocks = [{"pc", "depth", "pair"}, {"x"}, {"flag", "x", "pc"}, set()]
+  banks = stack_banks.StackBanks(example, D, enabled=enabled)
+  banks.reserve(blocks)
+  want = dict(example)
+  state = banks.initial(example)
+
+  def step(state, writes):
+    return banks.apply(state, banks.pack(writes, z), xla=xla)
+
+  run = tf.function(step, jit_compile=True) if xla else step
+  for _ in range(3):
+    for names in blocks:
+      writes = {n: _write(z, rng, example[n]) for n in sorted(names)}
+      for name, write in writes.items():
+        want[name] = stack_banks.apply_stack_write(want[name], write)
+      state = run(state, writes)
+      for name in example:
+        tf.nest.map_structure(np.testing.assert_array_equal,
+                              banks.view(state, name), want[name])
+
+
+def test_more_writes_than_reserved_is_an_ir_error():
+  banks = stack_banks.StackBanks(_stacks(2), D)
+  banks.reserve([{"x"}])
+  writes = {n: _write(2, np.random.default_rng(0), _stacks(2)[n])
+            for n in ("x", "pair")}
+  with pytest.raises(errors.IRError, match="more than the 1 reserved"):
+    banks.pack(writes, 2)
+
+
+def test_compiled_loop_scatters_once_per_bank():
+  # tree_depth_sum keeps two int32 arguments and an int32 result across its
+  # recursive calls: with the pc, several int32 stacks, one bank.
+  fn = programs.tree_depth_sum
+  args = [tf.constant([3, 1, 2], tf.int32), tf.constant([0, 1, 2], tf.int32)]
+  fn(*args, backend="pc:xla")
+  runtime = pipeline.runtime(fn, fn._last_types, "pc:xla")  # pylint: disable=protected-access
+  stacks = runtime._stacks  # pylint: disable=protected-access
+  assert len(stacks.names) > len(stacks.sizes) == 1
+  hlo = runtime._compiled.experimental_get_compiler_ir(*args)(  # pylint: disable=protected-access
+      stage="optimized_hlo")
+  assert len(re.findall(r" scatter\(", hlo)) == len(stacks.sizes)

@@ -1,0 +1,161 @@
+"""The program-counter VM's stacks, kept in banks under XLA.
+
+Each stacked variable (and the pc) has a stack of D frames per member: a
+nest of [D, Z, ...] buffers. A block reads them (pops) and returns one
+`StackWrite` per stack it pushes; the VM's loop applies the writes after
+the block, in place (see `pc_vm`). Applied one stack at a time, that is a
+scatter per stack leaf and per VM step, also for the stacks the block left
+alone: NUTS has 22 stack leaves, so 22 scatters a step, each a kernel of
+its own in XLA's compiled loop (about 0.1 us of dispatch each at one chain,
+where a whole VM step costs about 13 us).
+
+`StackBanks` keeps the leaves of one dtype and per-example shape together,
+as [D, S, Z, ...] (S leaves), and applies a block's writes to a bank with
+one scatter of K * Z rows, K being the most leaves of that bank any one
+block writes. Reading a stack is a static slice `bank[:, slot]`, which XLA
+fuses into the gather of the popped rows. Masked-off rows and padding get
+the out-of-range row D, which XLA's scatter skips.
+
+Banks are for XLA only. Elsewhere TensorFlow raises on out-of-range rows,
+and a static slice is a copy, so with `enabled=False` every leaf stays a
+stack of its own and is written as before.
+"""
+import collections
+
+import tensorflow as tf
+
+from tfp_autobatch import errors
+from tfp_autobatch.runtime import batch_state
+
+# `stack[row[i], i] = value[i]` where `mask[i]`, applied after a block.
+StackWrite = collections.namedtuple("StackWrite", ["row", "value", "mask"])
+
+
+def apply_stack_write(stack, write, xla=False):
+  """`stack` with one `StackWrite` applied: a scatter of Z rows, in place
+  under XLA. Under XLA masked-off members get an out-of-range row, which
+  XLA's scatter skips; elsewhere (TF raises on such rows) their old rows
+  are gathered and written back unchanged."""
+  depth = tf.shape(tf.nest.flatten(stack)[0])[0]
+  if xla:
+    row = tf.where(write.mask, tf.clip_by_value(write.row, 0, depth - 1),
+                   depth)
+    idx = tf.stack([row, tf.range(tf.shape(row)[0])], axis=1)
+    return tf.nest.map_structure(
+        lambda s, v: tf.tensor_scatter_nd_update(s, idx, v), stack,
+        write.value)
+  row = tf.clip_by_value(write.row, 0, depth - 1)
+  idx = tf.stack([row, tf.range(tf.shape(row)[0])], axis=1)
+  def leaf(s, v):
+    old = tf.gather_nd(s, idx)
+    return tf.tensor_scatter_nd_update(
+        s, idx, batch_state.where(write.mask, v, old))
+  return tf.nest.map_structure(leaf, stack, write.value)
+
+
+def no_write(stack, z):
+  """A StackWrite of `stack` that writes nothing (every row masked off)."""
+  return StackWrite(tf.zeros([z], tf.int32),
+                    tf.nest.map_structure(lambda s: tf.zeros_like(s[0]),
+                                          stack),
+                    tf.zeros([z], tf.bool))
+
+
+class StackBanks:
+  """The layout of the VM's stacks, built from an example of them.
+
+  Args:
+    stacks: {name: nest of [D, Z, ...] tensors}, the initial stacks.
+    depth: D.
+    enabled: bank the leaves (XLA); otherwise every leaf is its own stack.
+  """
+
+  def __init__(self, stacks, depth, enabled=True):
+    self.names = sorted(stacks)
+    self.depth = depth
+    self.structure = {k: stacks[k] for k in self.names}
+    self.enabled = enabled
+    self._slots = {}      # name -> per flat leaf (bank key, slot)
+    self.sizes = {}       # bank key -> leaves S
+    self.capacity = {}    # bank key -> K, set by `reserve`
+    for name in self.names:
+      slots = []
+      for leaf in tf.nest.flatten(stacks[name]):
+        key = (leaf.dtype.name, tuple(leaf.shape[2:].as_list()))
+        slots.append((key, self.sizes.get(key, 0)))
+        self.sizes[key] = self.sizes.get(key, 0) + 1
+      self._slots[name] = slots
+
+  def initial(self, stacks):
+    """The loop's stack state: {bank key: [D, S, Z, ...]} when banked."""
+    if not self.enabled:
+      return dict(stacks)
+    columns = {key: [None] * n for key, n in self.sizes.items()}
+    for name in self.names:
+      for leaf, (key, slot) in zip(tf.nest.flatten(stacks[name]),
+                                   self._slots[name]):
+        columns[key][slot] = leaf
+    return {key: tf.stack(c, axis=1) for key, c in columns.items()}
+
+  def view(self, state, name):
+    """Stack `name` as a nest of [D, Z, ...] (static slices of its banks)."""
+    if not self.enabled:
+      return state[name]
+    leaves = [state[key][:, slot] for key, slot in self._slots[name]]
+    return tf.nest.pack_sequence_as(self.structure[name], leaves)
+
+  def reserve(self, written_names):
+    """Sizes each bank's write for the most leaves that one block writes
+    there; `written_names` holds, per block, the stacks it writes."""
+    self.capacity = {key: 0 for key in self.sizes}
+    for names in written_names:
+      counts = collections.Counter(key for name in names
+                                   for key, _ in self._slots[name])
+      for key, n in counts.items():
+        self.capacity[key] = max(self.capacity[key], n)
+
+  def pack(self, writes, z):
+    """A block's writes ({name: StackWrite}) in the form `apply` takes."""
+    if not self.enabled:
+      return {name: writes.get(name) or no_write(self.structure[name], z)
+              for name in self.names}
+    rows = {key: [] for key in self.sizes}
+    values = {key: [] for key in self.sizes}
+    for name, write in writes.items():
+      row = tf.where(write.mask,
+                     tf.clip_by_value(write.row, 0, self.depth - 1),
+                     self.depth)
+      for value, (key, slot) in zip(tf.nest.flatten(write.value),
+                                    self._slots[name]):
+        rows[key].append(tf.stack([row, tf.fill([z], slot), tf.range(z)],
+                                  axis=1))
+        values[key].append(value)
+    packed = {}
+    for key, capacity in self.capacity.items():
+      if not capacity:
+        continue
+      pad = capacity - len(rows[key])
+      if pad < 0:
+        raise errors.IRError(f"a block writes {len(rows[key])} stacks of "
+                             f"bank {key}, more than the {capacity} reserved")
+      if pad:   # out-of-range rows: skipped
+        dtype, event_shape = key
+        rows[key].append(tf.fill([pad * z, 3], self.depth))
+        values[key].append(tf.zeros(tf.concat(
+            [[pad * z], tf.constant(event_shape, tf.int32)], 0), dtype))
+      packed[key] = (tf.concat(rows[key], 0), tf.concat(values[key], 0))
+    return packed
+
+  def apply(self, state, packed, xla):
+    """The stacks with a block's packed writes applied."""
+    if not self.enabled:
+      return {name: apply_stack_write(state[name], packed[name], xla=xla)
+              for name in self.names}
+    if not xla:
+      raise ValueError("banked stacks are written with XLA's scatter, which "
+                       "skips out-of-range rows: build StackBanks with "
+                       "enabled=False outside XLA")
+    out = dict(state)
+    for key, (idx, values) in packed.items():
+      out[key] = tf.tensor_scatter_nd_update(state[key], idx, values)
+    return out
