@@ -191,6 +191,31 @@ def fib_pair(n):
   return b, a + b
 
 
+def _checked_halves_oracle(depth, x):
+  depth, x = int(depth), int(x)
+  if depth == 0:
+    return x - 1
+  first = _checked_halves_oracle(depth - 1, x)
+  if first < 0:
+    return first
+  return _checked_halves_oracle(depth - 1, first) + depth
+
+
+@register(args(ints(0, 5), ints(-2, 40, extremes=(-2, 40, 3))), tf.int32,
+          oracle=_checked_halves_oracle, batch_sizes=WITH_ONE)
+@tab.batch
+def checked_halves(depth, x):
+  """Two halves, the second only when the first is valid (the early return
+  of NUTS's tree building)."""
+  if depth == 0:
+    return x - 1
+  first = checked_halves(depth - 1, x)
+  if first < 0:
+    return first
+  second = checked_halves(depth - 1, first)
+  return second + depth
+
+
 def _bisect_oracle(x, steps):
   lo, hi = 0.0, max(float(x), 1.0)
   for _ in range(int(steps)):

@@ -11,11 +11,13 @@ import tensorflow as tf
 
 import programs
 import tfp_autobatch as tab
+from tfp_autobatch import errors
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.passes import branch_at_call
 from tfp_autobatch.passes import lower
+from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
 from tfp_autobatch.runtime import pc_vm
 from tfp_autobatch.runtime import stack_banks
@@ -242,6 +244,28 @@ def test_callers_run_the_callee_entry_test():
   assert steps_after < 0.8 * steps_before
 
 
+def test_early_return_runs_in_the_testing_step():
+  # `if first < 0: return first` after a recursive call: the block testing
+  # it also runs the return and the second call, each for its members.
+  typed = _typed(programs.checked_halves, INT * 2)
+  before = branch_at_call.branch_at_call_sites(
+      stack_optimize.optimize(lower.lower_to_stack_program(typed)))
+  after = return_early.return_early(before)
+  assert "return if" not in str(before)
+  assert ("    if checked_halves._cond6: checked_halves._result = "
+          "primitive(checked_halves.first) { _result = first }\n"
+          "    if not checked_halves._cond6: checked_halves._t10 = ") in str(after)
+  assert "return if checked_halves._cond6, else pushbranch" in str(after)
+  depth = np.array([0, 1, 2, 3, 4, 5, 5, 2, 4])
+  x = np.array([5, -1, 0, 2, 20, 3, 40, 1, 9])
+  got_before, steps_before = _steps(before, depth, x)
+  got_after, steps_after = _steps(after, depth, x)
+  want = [programs._checked_halves_oracle(d, v) for d, v in zip(depth, x)]  # pylint: disable=protected-access
+  np.testing.assert_array_equal(got_before, want)
+  np.testing.assert_array_equal(got_after, want)
+  assert steps_after < 0.85 * steps_before
+
+
 def test_callee_entry_reached_only_by_calls_is_dropped():
   program = pipeline.stack_program(programs.is_even, INT)
   labels = [b.label for b in program.blocks]
@@ -444,3 +468,49 @@ def test_stack_ops_match_list_model(ops, cached_top, xla):
     stack_now = (stack if cached_top else store["stack"]).numpy()
     for i in range(Z):
       assert stack_now[:len(saved[i]), i].tolist() == saved[i]
+
+
+def test_early_return_on_the_else_side_and_speculation_safety():
+  # find_first returns -1 when its loop test fails: the block testing it
+  # runs the return for the members whose test is false ("return if not").
+  # Its loop body, merged into that block, gathers v[i], which would raise
+  # for i == 5 under pc:graph/pc:eager if it ran on the returning rows.
+  program = pipeline.stack_program(programs.find_first, [
+      types_lib.TensorType(tf.float32, (5,)),
+      types_lib.TensorType(tf.float32, ())])
+  assert "return if not find_first._cond1, else branch" in str(program)
+  v = np.array([[0.1, 0.2, -0.3, 0.5, 0.9], [2, 0, 0, 0, 0],
+                [0, 0, 0, 0, 3]], np.float32)
+  threshold = np.array([1.2, 1.0, 1.0], np.float32)
+  for backend in ("pc:eager", "pc:graph", "pc:xla"):
+    np.testing.assert_array_equal(
+        programs.find_first(v, threshold, backend=backend), [-1, 0, 4])
+
+
+@tab.batch
+def model_after_test(n):
+  if n < 0:
+    return n
+  return _double_all(n) + 1
+
+
+def test_early_return_before_the_model_keeps_its_branch():
+  # Merging the model's block into the test's would run the model under a
+  # guard and split the members the schedule gathers for it.
+  program = pipeline.stack_program(model_after_test, INT)
+  assert "return if" not in str(program)
+  n = np.array([-3, 0, 4])
+  got, _ = _steps(program, n)
+  np.testing.assert_array_equal(got, [-3, 1, 9])
+
+
+def test_verify_rejects_a_guarded_pop():
+  # The VM pops only for all of a block's members (pops follow calls).
+  t = types_lib.TensorType(tf.int32, ())
+  block = ir2.Block("f/entry", (
+      ir2.Guarded("f.c", True, ir2.Pop("f.n")),), ir2.Return())
+  program = ir2.Program((block,), ("f.n",), "f.n",
+                        {"f.n": t, "f.c": types_lib.TensorType(tf.bool, ())},
+                        {"f": "f.n"})
+  with pytest.raises(errors.IRError, match="guarded op"):
+    ir2.verify_ir2(program, "test")

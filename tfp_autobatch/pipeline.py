@@ -3,7 +3,7 @@
     Python source --frontend.convert--> IR-1 (untyped, one per entry function)
       --infer_types--> typed IR-1 (one per input signature)
       --inline, tail_duplicate--> fewer, bigger blocks
-      --lower, stack_optimize, branch_at_call--> IR-2 (program-counter
+      --lower, stack_optimize, branch_at_call, return_early--> IR-2 (program-counter
         backends)
       --backend--> runtime (one per signature and backend)
 
@@ -20,6 +20,7 @@ from tfp_autobatch.passes import infer_types
 from tfp_autobatch.passes import inline
 from tfp_autobatch.passes import tail_duplicate
 from tfp_autobatch.passes import lower
+from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
 
 _PROGRAMS = {}     # entry BatchedFunction -> untyped IR-1 program
@@ -86,6 +87,7 @@ def stack_program_of(typed):
     program = stack_optimize.optimize(program, check)
     program = check(branch_at_call.branch_at_call_sites(program),
                     "branch_at_call_sites")
+    program = check(return_early.return_early(program), "return_early")
     _STACK[id(typed)] = (typed, program)
   return _STACK[id(typed)][1]
 

@@ -8,6 +8,9 @@
                  | Pop(var)                        restore var from its stack
                  | Update(var)                     restore var from its stack,
                                                    leaving the copy saved
+                 | Guarded(cond, when, op)         op for the members whose
+                                                   cond is `when`; the others
+                                                   keep their values
     terminator ::= Jump(label) | Branch(var, then, else)
                  | PushJump(callee_label, return_label)
                  | PushBranch(var, then, else, return_label)
@@ -16,6 +19,9 @@
                                                    callee's entry block was
                                                    run by the caller)
                  | Return()                        pop the pc stack
+                 | ReturnOr(cond, when, otherwise) Return for the members
+                                                   whose cond is `when`,
+                                                   `otherwise` for the rest
     Halt       ::= the block index len(blocks)
 
 Variables are namespaced by function ("fib.n"), so one program holds every
@@ -67,6 +73,21 @@ class Update:
 
 
 @dataclasses.dataclass(frozen=True)
+class Guarded:
+  """`op` (a Move, a Push or an unbatched Primitive) run only for the
+  members whose `cond` equals `when`: the others keep their old values and
+  their stacks. Made by `passes.return_early`."""
+  cond: str
+  when: bool
+  op: object
+
+
+def unguarded(op):
+  """The op a `Guarded` wraps, or `op` itself."""
+  return op.op if isinstance(op, Guarded) else op
+
+
+@dataclasses.dataclass(frozen=True)
 class PushJump:
   target: str
   return_label: str
@@ -80,7 +101,23 @@ class PushBranch:
   return_label: str
 
 
+@dataclasses.dataclass(frozen=True)
+class ReturnOr:
+  """Return for the members whose `cond` equals `when`; `otherwise` (a
+  Jump, Branch, PushJump or PushBranch) for the others."""
+  cond: str
+  when: bool
+  otherwise: object
+
+
 CALLS = (PushJump, PushBranch)
+
+
+def call_of(terminator):
+  """The call a terminator may make (a PushJump or PushBranch), or None."""
+  if isinstance(terminator, ReturnOr):
+    terminator = terminator.otherwise
+  return terminator if isinstance(terminator, CALLS) else None
 
 
 def entered(terminator):
@@ -130,8 +167,8 @@ class Program:
 
   @property
   def stacked(self):
-    return frozenset(op.var for b in self.blocks for op in b.ops
-                     if isinstance(op, (Push, Pop, Update)))
+    return frozenset(unguarded(op).var for b in self.blocks for op in b.ops
+                     if isinstance(unguarded(op), (Push, Pop, Update)))
 
   @property
   def registers(self):
@@ -150,8 +187,11 @@ def function_of(name):
 
 
 def reads(op):
-  """Variables whose value `op` reads."""
+  """Variables whose value `op` reads (a guarded write also reads the old
+  value it keeps for the members it skips)."""
   match op:
+    case Guarded(cond, _, inner):
+      return (cond,) + reads(inner) + writes(inner)
     case Primitive(_, _, ins, _) | Move(_, ins):
       return tuple(ins)
     case Push(var):
@@ -165,6 +205,8 @@ def reads(op):
 def writes(op):
   """Variables whose value `op` sets."""
   match op:
+    case Guarded(_, _, inner):
+      return writes(inner)
     case Primitive(outs, _, _, _) | Move(outs, _):
       return tuple(outs)
     case Push():
@@ -187,6 +229,8 @@ def successors(terminator):
       return (then_label, else_label, return_label)
     case Return():
       return ()
+    case ReturnOr(_, _, otherwise):
+      return successors(otherwise)
     case _:
       raise errors.IRError(f"not an IR-2 terminator: {terminator!r}")
 
@@ -203,6 +247,8 @@ def format_op(op):
       return f"pop {var}"
     case Update(var):
       return f"update {var}"
+    case Guarded(cond, when, inner):
+      return f"if {'' if when else 'not '}{cond}: {format_op(inner)}"
     case _:
       raise errors.IRError(f"not an IR-2 op: {op!r}")
 
@@ -214,6 +260,9 @@ def format_terminator(t):
     case PushBranch(cond, then_label, else_label, return_label):
       return (f"pushbranch {cond} ? {then_label} : {else_label}, "
               f"return to {return_label}")
+    case ReturnOr(cond, when, otherwise):
+      return (f"return if {'' if when else 'not '}{cond}, else "
+              f"{format_terminator(otherwise)}")
     case Jump() | Branch() | Return():
       return ir1.format_terminator(t)
     case _:
@@ -264,11 +313,23 @@ def verify_ir2(program, after="?"):
       for v in reads(op) + writes(op):
         if v not in known:
           fail(f"{b.label}: variable '{v}' has no type")
+      if isinstance(op, Guarded) and (
+          isinstance(op.op, (Guarded, Pop, Update)) or
+          (isinstance(op.op, Primitive) and op.op.batched)):
+        fail(f"{b.label}: guarded op {format_op(op)} (a guard may hold a "
+             "Move, a Push or a Primitive that is not batched)")
+      op = unguarded(op)
       if isinstance(op, (Push, Pop, Update)) and op.var in program.temporaries:
         fail(f"{b.label}: temporary '{op.var}' is saved on a stack")
       if isinstance(op, (Primitive, Move)) and len(set(op.outs)) != len(op.outs):
         fail(f"{b.label}: an op writes a variable twice")
     t = b.terminator
+    if isinstance(t, ReturnOr):
+      if t.cond not in known:
+        fail(f"{b.label}: return on unknown '{t.cond}'")
+      if isinstance(t.otherwise, (Return, ReturnOr)):
+        fail(f"{b.label}: returnor's otherwise is {t.otherwise!r}")
+      t = t.otherwise
     if isinstance(t, (Branch, PushBranch)) and t.cond not in known:
       fail(f"{b.label}: branch on unknown '{t.cond}'")
     if (isinstance(t, PushBranch)
@@ -277,7 +338,7 @@ def verify_ir2(program, after="?"):
     for target in successors(t):
       if target not in labels:
         fail(f"{b.label}: jump to unknown label '{target}'")
-    if isinstance(t, CALLS) and callee_of(t) not in program.results:
+    if call_of(t) and callee_of(t) not in program.results:
       fail(f"{b.label}: call of '{callee_of(t)}' whose result "
            "variable is unknown")
   return program

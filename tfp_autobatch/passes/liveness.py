@@ -15,6 +15,9 @@ def live_before(ops, terminator, live_out):
   """Variables live before each op of a block: a list, one set per op, plus
   the set live before the terminator as the last element."""
   live = set(live_out)
+  if isinstance(terminator, ir2.ReturnOr):
+    live.add(terminator.cond)
+    terminator = terminator.otherwise
   if isinstance(terminator, (ir2.Branch, ir2.PushBranch)):
     live.add(terminator.cond)
   result = [frozenset(live)]
@@ -47,7 +50,7 @@ def live_in(program):
 
 
 def _out(program, block, live):
-  t = block.terminator
+  t = ir2.call_of(block.terminator) or block.terminator
   if isinstance(t, ir2.CALLS):
     result = program.results[ir2.callee_of(t)]
     entered = frozenset().union(*(live[s] for s in ir2.entered(t)))

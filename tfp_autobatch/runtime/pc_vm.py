@@ -337,10 +337,11 @@ class PcVmRuntime:
   def _pushed_stacks(self, block):
     """The stacks `block` writes: the variables it pushes (with a cached
     top), and the pc's if it calls."""
-    names = {op.var for op in block.ops if isinstance(op, ir2.Push)}
+    names = {ir2.unguarded(op).var for op in block.ops
+             if isinstance(ir2.unguarded(op), ir2.Push)}
     if not self.program.cached_top:
       names = set()
-    if isinstance(block.terminator, ir2.CALLS):
+    if ir2.call_of(block.terminator):
       names.add("pc")
     return names
 
@@ -352,7 +353,7 @@ class PcVmRuntime:
     positions = []
     for block in self.program.blocks:
       changed = set()
-      for op in block.ops:
+      for op in map(ir2.unguarded, block.ops):
         if isinstance(op, (ir2.Push, ir2.Pop, ir2.Update)):
           changed.add(op.var)
         else:
@@ -428,7 +429,7 @@ class PcVmRuntime:
     """Each hoisted stack takes at most one write per block, after its reads:
     the writes are applied when the block is done."""
     pushed = set()
-    for op in block.ops:
+    for op in map(ir2.unguarded, block.ops):
       if isinstance(op, (ir2.Push, ir2.Pop, ir2.Update)) and op.var in pushed:
         raise errors.IRError(
             f"{block.label}: '{op.var}' is pushed and then used again in one "
@@ -473,26 +474,61 @@ class PcVmRuntime:
           env[v] = sanitize(self._value(variables[v], v))
         return env[v]
 
-      for op in block.ops:
+      def members(guard):
+        """The members an op runs for: the block's, less a guard's."""
+        return active if guard is None else tf.logical_and(active, guard)
+
+      def guarded_primitive(op, guard):
+        """A primitive for the members of `guard` only. Under XLA it runs
+        on every row like the rest of the block. Elsewhere user code may
+        raise on the rows that would not have run it (an index past the
+        end that the guard tests for), so those rows get a guarded
+        member's inputs, and nothing runs when no member is guarded in."""
+        ins = [read(v) for v in op.ins]
+        kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
+                                  [p.types[v] for v in op.outs])
+        if self.mode == "xla":
+          return kernel(z, *ins)
+        runs = members(guard)
+        some = tf.cast(tf.argmax(tf.concat([tf.cast(runs, tf.int32), [1]],
+                                           0)), tf.int32)
+        source_g = tf.where(runs, rows, some)
+        def compute():
+          return list(kernel(z, *tf.nest.map_structure(
+              lambda x: tf.gather(x, source_g), ins)))
+        def skip():
+          return [types_lib.zeros(p.types[v], z) for v in op.outs]
+        if self.mode == "eager":
+          return compute() if bool(tf.reduce_any(runs)) else skip()
+        return tf.cond(tf.reduce_any(runs), compute, skip)
+
+      def assign(outs, values, guard):
+        for v, value in zip(outs, values):
+          if guard is not None and (v in env or v not in p.temporaries):
+            value = batch_state.where(guard, value, read(v))
+          env[v] = value
+          dirty.add(v)
+
+      def run_op(op, guard):
+        """One op, for the members of `guard` (all of them if None)."""
         match op:
-          case ir2.Primitive(outs, _, ins, _):
+          case ir2.Primitive(outs, _, ins, _) if guard is None:
             kernel = self.kernels.get(op, [p.types[v] for v in ins],
                                       [p.types[v] for v in outs])
-            values = kernel(z, *[read(v) for v in ins])
-            for v, value in zip(outs, values):
-              env[v] = value
-              dirty.add(v)
+            assign(outs, kernel(z, *[read(v) for v in ins]), None)
+          case ir2.Primitive(outs, _, _, _):
+            assign(outs, guarded_primitive(op, guard), guard)
           case ir2.Move(outs, ins):
-            values = [read(v) for v in ins]
-            for v, value in zip(outs, values):
-              env[v] = vectorize.conform(value, p.types[v])
-              dirty.add(v)
+            assign(outs, [vectorize.conform(read(v), p.types[v2])
+                          for v, v2 in zip(ins, outs)], guard)
           case ir2.Push(v):
-            variables[v], write = self._push(variables[v], v, read(v), active)
+            variables[v], write = self._push(variables[v], v, read(v),
+                                             members(guard))
             if write is not None:
               writes[v] = write
-            dirty.discard(v)
-          case ir2.Pop(v) | ir2.Update(v):
+            if guard is None:   # else the skipped members' value stays dirty
+              dirty.discard(v)
+          case ir2.Pop(v) | ir2.Update(v) if guard is None:
             variables[v], saved = self._pop(
                 variables[v], v, active, keep=isinstance(op, ir2.Update),
                 stack=(self._stacks.view(stacks, v) if p.cached_top
@@ -501,6 +537,15 @@ class PcVmRuntime:
             dirty.discard(v)
           case _:
             raise errors.IRError(f"{block.label}: unknown IR-2 op {op!r}")
+
+      for op in block.ops:
+        match op:
+          case ir2.Guarded(cond, when, inner):
+            taken = tf.cast(read(cond), tf.bool)
+            guard = taken if when else tf.logical_not(taken)
+            run_op(inner, guard)
+          case _:
+            run_op(op, None)
       for v in sorted(dirty - p.temporaries):
         variables[v] = self._write(variables[v], v, env[v], active)
       state["vars"] = variables
@@ -547,5 +592,13 @@ class PcVmRuntime:
         back = _rows(pc_stack, tf.maximum(sp, 0))
         state["pc_sp"] = sp
         state["pc_top"] = tf.where(active, back, pc_top)
+      case ir2.ReturnOr(cond, when, otherwise):
+        taken = tf.cast(read(cond), tf.bool)
+        returning = active & (taken if when else ~taken)
+        # The two sets of members touch disjoint rows of the pc state.
+        self._terminate(otherwise, state, pc_stack, writes,
+                        active & ~returning, read)
+        self._terminate(ir2.Return(), state, pc_stack, writes, returning,
+                        read)
       case _:
         raise errors.IRError(f"unknown IR-2 terminator {terminator!r}")
