@@ -439,11 +439,14 @@ def test_stack_ops_match_list_model(ops, cached_top, xla):
     value = tf.constant(values, tf.int32)
     match kind:
       case "push":
+        # A block pushes the variable's value, then writes it back (the
+        # push leaves the cached top alone).
         store, write = cls._push(vm, store, "v", value, m)
         assert (write is not None) == cached_top
         if write is not None:
           stack = (_apply_write_xla(stack, write) if xla else
                    stack_banks.apply_stack_write(stack, write))
+        store = cls._write(vm, store, "v", value, m)
       case "write":
         store = cls._write(vm, store, "v", value, m)
       case "pop" | "update":
@@ -514,3 +517,30 @@ def test_verify_rejects_a_guarded_pop():
                         {"f": "f.n"})
   with pytest.raises(errors.IRError, match="guarded op"):
     ir2.verify_ir2(program, "test")
+
+
+def test_values_dead_after_a_block_are_not_written_back():
+  # Under pc:xla every VM step writes as many register rows as the block
+  # writing the most; a value nobody reads after the block is left out.
+  # checked_halves's merged block assigns `first` (read by its own return
+  # and pushed for the second call, then dead), pops and pushes `depth`
+  # (the callee's parameter: live) and assigns the result for the members
+  # that return.
+  program = pipeline.stack_program(programs.checked_halves, INT * 2)
+  runtime = pc_vm.PcVmRuntime(program, 16, mode="graph")
+  labels = [b.label for b in program.blocks]
+  merged = labels.index("checked_halves/endif3.1")
+  live = runtime._live_out["checked_halves/endif3.1"]  # pylint: disable=protected-access
+  assert "checked_halves.first" not in live
+  assert {"checked_halves.depth", "checked_halves._result"} <= live
+  owners = ["checked_halves.first", "checked_halves.depth",
+            "checked_halves.depth#sp", "checked_halves._result",
+            "checked_halves.x"]
+  changed = runtime._changed_positions(owners)[merged]  # pylint: disable=protected-access
+  assert sorted(owners[i] for i in changed) == [
+      "checked_halves._result", "checked_halves.depth",
+      "checked_halves.depth#sp", "checked_halves.x"]
+  depth, x = np.array([0, 3, 5, 2]), np.array([4, 2, 40, 0])
+  np.testing.assert_array_equal(
+      _run(program, depth, x),
+      [programs._checked_halves_oracle(d, v) for d, v in zip(depth, x)])  # pylint: disable=protected-access

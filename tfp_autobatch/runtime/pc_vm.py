@@ -45,6 +45,7 @@ import tensorflow as tf
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.passes import liveness
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import register_file
 from tfp_autobatch.runtime import stack_banks
@@ -125,6 +126,7 @@ class PcVmRuntime:
     self.stats = None
     self.stats_tensors = None
     self.trace_count = 0
+    self._live_out = self._values_live_out()
     self._blocks = [self._block_fn(i, b) for i, b in enumerate(program.blocks)]
     calls_model = [any(isinstance(op, ir2.Primitive) and op.batched
                        for op in b.ops) for b in program.blocks]
@@ -306,11 +308,17 @@ class PcVmRuntime:
     # unoptimised layout keeps [D, Z, ...] stacks among the variables:
     # those are not rows of the batch, so nothing is packed there.
     pack = self.mode == "xla"
-    # The variable each leaf of `small` belongs to ("" for the pc etc.).
+    # The variable each leaf of `small` belongs to ("" for the pc etc.;
+    # "v#sp" for a stacked variable's stack pointer).
+    def owner(v, store):
+      if v not in p.stacked:
+        return tf.nest.map_structure(lambda _: v, store)
+      return {k: tf.nest.map_structure(
+          lambda _, k=k: v + "#sp" if k == "sp" else v, x)
+              for k, x in store.items()}
     owners = tf.nest.flatten(dict(
         tf.nest.map_structure(lambda _: "", small),
-        vars={v: tf.nest.map_structure(lambda _, v=v: v, store)
-              for v, store in variables.items()}))
+        vars={v: owner(v, store) for v, store in variables.items()}))
     self._banks = register_file.RegisterBanks(
         small, enabled=pack and p.cached_top, names=owners)
     banks, rest = self._banks.split(small)
@@ -334,6 +342,17 @@ class PcVmRuntime:
         "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
     }
 
+  def _values_live_out(self):
+    """{label: variables whose value may be read after the block}: IR-2
+    liveness, plus a function's result where it returns (its caller reads
+    it; the analysis has no edge from a return to the continuation)."""
+    p = self.program
+    live = liveness.live_out(p)
+    for b in p.blocks:
+      if isinstance(b.terminator, (ir2.Return, ir2.ReturnOr)):
+        live[b.label] = live[b.label] | {p.results[ir2.function_of(b.label)]}
+    return live
+
   def _pushed_stacks(self, block):
     """The stacks `block` writes: the variables it pushes (with a cached
     top), and the pc's if it calls."""
@@ -347,18 +366,23 @@ class PcVmRuntime:
 
   def _changed_positions(self, owners):
     """Per block, the flat positions (in the nest of `_small`, whose leaves
-    belong to the variables `owners`) of the variables the block may
-    change: whatever it assigns (temporaries aside), pushes, pops or
-    updates."""
+    belong to the variables `owners`) that the block may change: the
+    stack pointers of what it pushes, pops or updates, and the values it
+    assigns, pops or updates that are still live after it (`_live_out`; a
+    dead value is not written back)."""
     positions = []
     for block in self.program.blocks:
-      changed = set()
+      changed, assigned = set(), set()
       for op in map(ir2.unguarded, block.ops):
-        if isinstance(op, (ir2.Push, ir2.Pop, ir2.Update)):
-          changed.add(op.var)
+        if isinstance(op, ir2.Push):
+          changed.add(op.var + "#sp")
+        elif isinstance(op, (ir2.Pop, ir2.Update)):
+          changed.add(op.var + "#sp")
+          assigned.add(op.var)
         else:
-          changed.update(ir2.writes(op))
-      changed -= self.program.temporaries
+          assigned.update(ir2.writes(op))
+      changed |= ((assigned - self.program.temporaries)
+                  & self._live_out[block.label])
       positions.append(frozenset(i for i, owner in enumerate(owners)
                                  if owner in changed))
     return positions
@@ -397,8 +421,8 @@ class PcVmRuntime:
     sp = store["sp"]
     write = None
     if self.program.cached_top:
+      # The top keeps the value: the block writes it back if it is live.
       write = stack_banks.StackWrite(tf.minimum(sp, top), value, mask)
-      store["top"] = batch_state.where(mask, value, store["top"])
     else:
       stack = _set_rows(store["stack"], tf.minimum(sp, top), value, mask)
       store["stack"] = _set_rows(stack, tf.minimum(sp + 1, top), value, mask)
@@ -465,6 +489,7 @@ class PcVmRuntime:
         return tf.nest.map_structure(lambda x: tf.gather(x, source), value)
 
       env, dirty = {}, set()
+      live_out = self._live_out[block.label]
 
       def read(v):
         if v not in env:
@@ -526,13 +551,15 @@ class PcVmRuntime:
                                              members(guard))
             if write is not None:
               writes[v] = write
-            if guard is None:   # else the skipped members' value stays dirty
-              dirty.discard(v)
           case ir2.Pop(v) | ir2.Update(v) if guard is None:
-            variables[v], saved = self._pop(
+            store, saved = self._pop(
                 variables[v], v, active, keep=isinstance(op, ir2.Update),
                 stack=(self._stacks.view(stacks, v) if p.cached_top
                        else None))
+            if p.cached_top and v not in live_out:
+              # Read here, dead after: the top is not written back.
+              store = dict(store, top=variables[v]["top"])
+            variables[v] = store
             env[v] = sanitize(saved)
             dirty.discard(v)
           case _:
@@ -546,7 +573,7 @@ class PcVmRuntime:
             run_op(inner, guard)
           case _:
             run_op(op, None)
-      for v in sorted(dirty - p.temporaries):
+      for v in sorted((dirty - p.temporaries) & live_out):
         variables[v] = self._write(variables[v], v, env[v], active)
       state["vars"] = variables
       self._terminate(block.terminator, state,
