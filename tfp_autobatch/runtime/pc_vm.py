@@ -55,19 +55,6 @@ from tfp_autobatch.runtime import vectorize
 SCHEDULES = ("lowest_pc", "most_waiting", "crowded_lowest_pc",
              "primitives_last")
 
-def _index(stack, sp):
-  """Gather/scatter indices of `(sp[i], i)`, sp clipped into the stack."""
-  depth = tf.shape(tf.nest.flatten(stack)[0])[0]
-  sp = tf.clip_by_value(sp, 0, depth - 1)
-  return tf.stack([sp, tf.range(tf.shape(sp)[0])], axis=1)
-
-
-def _rows(stack, sp):
-  """`stack[sp[i], i]` for each row i, per leaf."""
-  idx = _index(stack, sp)
-  return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
-
-
 def _set_rows(stack, sp, value, mask):
   """`stack` with `stack[sp[i], i] = value[i]` where `mask[i]`.
 
@@ -80,6 +67,15 @@ def _set_rows(stack, sp, value, mask):
                          mask[None, :])
     return batch_state.where(hit, v[None], s)
   return tf.nest.map_structure(leaf, stack, value)
+
+
+def _row_sources(mask):
+  """Per row, the row to read its inputs from: itself where `mask`, else
+  the first row of `mask` (the appended 1 keeps argmax defined for an
+  empty batch)."""
+  first = tf.cast(tf.argmax(tf.concat([tf.cast(mask, tf.int32), [1]], 0)),
+                  tf.int32)
+  return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
 
 
 def _poison(value, mask):
@@ -397,7 +393,7 @@ class PcVmRuntime:
       return store
     if self.program.cached_top:
       return store["top"]
-    return _rows(store["stack"], store["sp"])
+    return stack_banks.rows_at(store["stack"], store["sp"])
 
   def _write(self, store, v, value, mask):
     if v not in self.program.stacked:
@@ -435,12 +431,12 @@ class PcVmRuntime:
     store = dict(store)
     sp = store["sp"] - tf.cast(mask, tf.int32)
     if self.program.cached_top:
-      saved = _rows(stack, tf.maximum(sp, 0))
+      saved = stack_banks.rows_at(stack, tf.maximum(sp, 0))
       store["top"] = batch_state.where(mask, saved, store["top"])
       if not keep:
         store["sp"] = sp
       return store, saved
-    saved = _rows(store["stack"], tf.maximum(sp, 0))
+    saved = stack_banks.rows_at(store["stack"], tf.maximum(sp, 0))
     if keep:
       store["stack"] = _set_rows(store["stack"], store["sp"], saved, mask)
     else:
@@ -474,11 +470,7 @@ class PcVmRuntime:
       pc_top = state["pc_top"]
       z = tf.shape(pc_top)[0]
       active = tf.equal(pc_top, index)
-      rows = tf.range(z)
-      # (The appended 1 keeps argmax defined for an empty batch.)
-      first = tf.cast(tf.argmax(tf.concat([tf.cast(active, tf.int32), [1]],
-                                          0)), tf.int32)
-      source = tf.where(active, rows, first)
+      source = _row_sources(active)
       writes = {}
 
       def sanitize(value):
@@ -515,9 +507,7 @@ class PcVmRuntime:
         if self.mode == "xla":
           return kernel(z, *ins)
         runs = members(guard)
-        some = tf.cast(tf.argmax(tf.concat([tf.cast(runs, tf.int32), [1]],
-                                           0)), tf.int32)
-        source_g = tf.where(runs, rows, some)
+        source_g = _row_sources(runs)
         def compute():
           return list(kernel(z, *tf.nest.map_structure(
               lambda x: tf.gather(x, source_g), ins)))
@@ -616,7 +606,7 @@ class PcVmRuntime:
         state["overflow"] = state["overflow"] | overflow
       case ir2.Return():
         sp = state["pc_sp"] - tf.cast(active, tf.int32)
-        back = _rows(pc_stack, tf.maximum(sp, 0))
+        back = stack_banks.rows_at(pc_stack, tf.maximum(sp, 0))
         state["pc_sp"] = sp
         state["pc_top"] = tf.where(active, back, pc_top)
       case ir2.ReturnOr(cond, when, otherwise):

@@ -31,21 +31,38 @@ from tfp_autobatch.runtime import batch_state
 StackWrite = collections.namedtuple("StackWrite", ["row", "value", "mask"])
 
 
+def _index(stack, sp):
+  """Gather/scatter indices of `(sp[i], i)`, sp clipped into the stack."""
+  depth = tf.shape(tf.nest.flatten(stack)[0])[0]
+  sp = tf.clip_by_value(sp, 0, depth - 1)
+  return tf.stack([sp, tf.range(tf.shape(sp)[0])], axis=1)
+
+
+def _row_or_skip(write, depth):
+  """The rows a write goes to under XLA: out of range (so XLA's scatter
+  skips it) for the members masked off."""
+  return tf.where(write.mask, tf.clip_by_value(write.row, 0, depth - 1),
+                  depth)
+
+
+def rows_at(stack, sp):
+  """`stack[sp[i], i]` for each row i, per leaf."""
+  idx = _index(stack, sp)
+  return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
+
+
 def apply_stack_write(stack, write, xla=False):
   """`stack` with one `StackWrite` applied: a scatter of Z rows, in place
   under XLA. Under XLA masked-off members get an out-of-range row, which
   XLA's scatter skips; elsewhere (TF raises on such rows) their old rows
   are gathered and written back unchanged."""
-  depth = tf.shape(tf.nest.flatten(stack)[0])[0]
   if xla:
-    row = tf.where(write.mask, tf.clip_by_value(write.row, 0, depth - 1),
-                   depth)
+    row = _row_or_skip(write, tf.shape(tf.nest.flatten(stack)[0])[0])
     idx = tf.stack([row, tf.range(tf.shape(row)[0])], axis=1)
     return tf.nest.map_structure(
         lambda s, v: tf.tensor_scatter_nd_update(s, idx, v), stack,
         write.value)
-  row = tf.clip_by_value(write.row, 0, depth - 1)
-  idx = tf.stack([row, tf.range(tf.shape(row)[0])], axis=1)
+  idx = _index(stack, write.row)
   def leaf(s, v):
     old = tf.gather_nd(s, idx)
     return tf.tensor_scatter_nd_update(
@@ -122,9 +139,7 @@ class StackBanks:
     rows = {key: [] for key in self.sizes}
     values = {key: [] for key in self.sizes}
     for name, write in writes.items():
-      row = tf.where(write.mask,
-                     tf.clip_by_value(write.row, 0, self.depth - 1),
-                     self.depth)
+      row = _row_or_skip(write, self.depth)
       for value, (key, slot) in zip(tf.nest.flatten(write.value),
                                     self._slots[name]):
         rows[key].append(tf.stack([row, tf.fill([z], slot), tf.range(z)],
