@@ -82,6 +82,13 @@ class Guarded:
   op: object
 
 
+def is_plain(op):
+  """Single-example code: a Move or a Primitive that is not batched (no
+  stack operation, no call of the model)."""
+  return isinstance(op, Move) or (isinstance(op, Primitive)
+                                  and not op.batched)
+
+
 def unguarded(op):
   """The op a `Guarded` wraps, or `op` itself."""
   return op.op if isinstance(op, Guarded) else op

@@ -29,10 +29,8 @@ from tfp_autobatch.ir import ir2
 
 def _foldable(block):
   """The entry block's ops can run in the caller's step."""
-  plain = all(isinstance(op, ir2.Move) or
-              (isinstance(op, ir2.Primitive) and not op.batched)
-              for op in block.ops)
-  return plain and isinstance(block.terminator, (ir2.Jump, ir2.Branch))
+  return (all(map(ir2.is_plain, block.ops))
+          and isinstance(block.terminator, (ir2.Jump, ir2.Branch)))
 
 
 def _folded_call(caller, entry, call):

@@ -30,21 +30,16 @@ from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import ir2
 
 
-def _plain(op):
-  return isinstance(op, ir2.Move) or (
-      isinstance(op, ir2.Primitive) and not op.batched)
-
-
 def _small_return(block):
   return (isinstance(block.terminator, ir2.Return)
-          and all(_plain(op) for op in block.ops))
+          and all(map(ir2.is_plain, block.ops)))
 
 
 def _mergeable(block):
   """A block whose ops can run under a guard (the VM runs plain code and
   pushes for some members; pops happen only after calls, not here)."""
   return (not isinstance(block.terminator, ir2.ReturnOr)
-          and all(_plain(op) or isinstance(op, ir2.Push)
+          and all(ir2.is_plain(op) or isinstance(op, ir2.Push)
                   for op in block.ops))
 
 
