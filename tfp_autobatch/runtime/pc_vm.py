@@ -495,16 +495,17 @@ class PcVmRuntime:
         """The members an op runs for: the block's, less a guard's."""
         return active if guard is None else tf.logical_and(active, guard)
 
-      def guarded_primitive(op, guard):
-        """A primitive for the members of `guard` only. Under XLA it runs
-        on every row like the rest of the block. Elsewhere user code may
-        raise on the rows that would not have run it (an index past the
-        end that the guard tests for), so those rows get a guarded
-        member's inputs, and nothing runs when no member is guarded in."""
+      def primitive(op, guard):
+        """A primitive's values, on every row. With a guard, for its
+        members only: under XLA it still runs on every row like the rest
+        of the block; elsewhere user code may raise on the rows that
+        would not have run it (an index past the end that the guard tests
+        for), so those rows get a guarded member's inputs, and nothing
+        runs when no member is guarded in."""
         ins = [read(v) for v in op.ins]
         kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
                                   [p.types[v] for v in op.outs])
-        if self.mode == "xla":
+        if guard is None or self.mode == "xla":
           return kernel(z, *ins)
         runs = members(guard)
         source_g = _row_sources(runs)
@@ -527,12 +528,8 @@ class PcVmRuntime:
       def run_op(op, guard):
         """One op, for the members of `guard` (all of them if None)."""
         match op:
-          case ir2.Primitive(outs, _, ins, _) if guard is None:
-            kernel = self.kernels.get(op, [p.types[v] for v in ins],
-                                      [p.types[v] for v in outs])
-            assign(outs, kernel(z, *[read(v) for v in ins]), None)
           case ir2.Primitive(outs, _, _, _):
-            assign(outs, guarded_primitive(op, guard), guard)
+            assign(outs, primitive(op, guard), guard)
           case ir2.Move(outs, ins):
             assign(outs, [vectorize.conform(read(v), p.types[v2])
                           for v, v2 in zip(ins, outs)], guard)
