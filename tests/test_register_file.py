@@ -96,7 +96,8 @@ def test_bank_writes_change_only_the_written_registers():
   new = {"pc": old["pc"], "vars": dict(old["vars"], b=old["vars"]["b"] + 1.)}
   writes = banks.changes(new, old, {positions["b"]})
   index, values = writes[("float32", (2,))]
-  assert index.numpy().tolist() == [1, 1]    # b, padded by repeating it
+  # b, then a padding write to row 3, past the bank's end (XLA skips it).
+  assert index.numpy().tolist() == [1, 3]
   assert values.shape == (2, 3, 2)
   after = tf.function(lambda: banks.apply(stacked, writes),
                       jit_compile=True)()
@@ -104,6 +105,21 @@ def test_bank_writes_change_only_the_written_registers():
   np.testing.assert_array_equal(got["b"], example["vars"]["b"] + 1.)
   np.testing.assert_array_equal(got["a"], example["vars"]["a"])
   np.testing.assert_array_equal(got["w"], example["vars"]["w"])
+
+
+def test_bank_writes_with_an_empty_batch_compile_and_do_nothing():
+  # TF's public scatter rejects indices into a bank with no elements at XLA
+  # compile time; an empty batch makes such banks.
+  example = tf.nest.map_structure(lambda t: t[:0], _float_example())
+  banks = register_file.RegisterBanks(example)
+  stacked, rest = banks.split(example)
+  banks.reserve([{2}])
+  old = banks.join(stacked, rest)
+  new = {"pc": old["pc"], "vars": dict(old["vars"], b=old["vars"]["b"] + 1.)}
+  writes = banks.changes(new, old, {2})
+  after = tf.function(lambda: banks.apply(stacked, writes),
+                      jit_compile=True)()
+  assert after[("float32", (2,))].shape == (3, 0, 2)
 
 
 def test_bank_write_outside_the_declared_registers_is_an_error():
