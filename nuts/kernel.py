@@ -275,18 +275,25 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     new_parts, new_grads = unflat(out.q), unflat(out.grad)
     useful = tf.reduce_sum(out.num_leapfrogs)
     # The backend counts the batched gradient calls: eagerly in its
-    # RunStats, traced (pc backends) as tensors of the caller's graph.
+    # RunStats, traced (pc backends) as tensors of the caller's graph. The
+    # pc runtime counts the rows its gradient calls computed (under XLA
+    # they run on a block's members gathered into a few fixed sizes).
     if stats is not None:
       counts = stats.block_executions
+      rows = stats.batched_primitive_rows
     else:
       counts = nuts_steps.last_stats_tensors["block_executions"]
-    # (The local runtimes call it on the gathered active chains only, so for
-    # them this is an upper bound.)
-    computed = tf.cast(num_chains, tf.int32) * tf.add_n(
-        [tf.constant(0)] + [calls * tf.cast(counts[label], tf.int32)
-                            for label, calls in self._gradient_blocks(
-                                nuts_steps, layout).items()
-                            if label in counts])
+      rows = nuts_steps.last_stats_tensors.get("batched_primitive_rows")
+    if rows is not None:
+      computed = tf.cast(rows, tf.int32)
+    else:
+      # The local runtimes call it on the gathered active chains only, so
+      # for them chains x calls is an upper bound.
+      computed = tf.cast(num_chains, tf.int32) * tf.add_n(
+          [tf.constant(0)] + [calls * tf.cast(counts[label], tf.int32)
+                              for label, calls in self._gradient_blocks(
+                                  nuts_steps, layout).items()
+                              if label in counts])
     new_results = NUTSKernelResults(
         target_log_prob=per_chain(out.logp),
         grads_target_log_prob=new_grads if is_list else new_grads[0],

@@ -299,6 +299,22 @@ def test_callee_entry_calling_the_model_keeps_its_step():
   np.testing.assert_array_equal(got, [0, 2, 20])
 
 
+def test_xla_runs_the_model_on_its_members_gathered_into_buckets():
+  # model_first(n) calls the model once per level of recursion: with n =
+  # 0..15 the k-th call has 16 - k members. pc:graph computes all 16 rows
+  # each time; pc:xla gathers the members into the smallest of 16, 8, 4, 2
+  # rows that holds them, and the results do not change.
+  n = np.arange(16, dtype=np.int32)
+  want = n * (n + 1)
+  np.testing.assert_array_equal(model_first(n, backend="pc:graph"), want)
+  assert model_first.last_stats.batched_primitive_rows == 16 * 16
+  np.testing.assert_array_equal(model_first(n, backend="pc:xla"), want)
+  members = 16 - np.arange(16)
+  buckets = [min(b for b in (16, 8, 4, 2) if b >= m) for m in members]
+  assert buckets[:9] == [16] * 8 + [8]
+  assert model_first.last_stats.batched_primitive_rows == sum(buckets)
+
+
 # -- the VM through the public API.
 
 

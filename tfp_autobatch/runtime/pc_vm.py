@@ -52,6 +52,12 @@ from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import vectorize
 
+# Under XLA a @batched_primitive (the user's model) runs on the block's
+# members gathered into the smallest of Z, Z/2, Z/4, Z/8 rows (rounded up)
+# that holds them all, instead of on all Z rows: XLA needs static shapes,
+# so a few sizes, each compiled, stand in for the member count.
+MEMBER_BUCKETS = (1, 2, 4, 8)
+
 SCHEDULES = ("lowest_pc", "most_waiting", "crowded_lowest_pc",
              "primitives_last")
 
@@ -76,6 +82,38 @@ def _row_sources(mask):
   first = tf.cast(tf.argmax(tf.concat([tf.cast(mask, tf.int32), [1]], 0)),
                   tf.int32)
   return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
+
+
+def _on_members(kernel, z, members, ins):
+  """`(kernel's outputs on all Z rows, rows computed)`, computing only on
+  the members' rows gathered into the smallest bucket (see
+  `MEMBER_BUCKETS`) that holds them; the outputs of the other rows are
+  junk, which the block discards. Only under XLA, where the bucket sizes
+  are compile-time constants (Z is static once compiled)."""
+  count = tf.reduce_sum(tf.cast(members, tf.int32))
+  # Members first, in row order; `place[i]` is row i's slot in `order`.
+  order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
+                     stable=True)
+  place = tf.argsort(order)
+  sizes = [(z + d - 1) // d for d in MEMBER_BUCKETS]
+
+  def everyone():
+    return list(kernel(z, *ins)), z
+
+  def bucket(size):
+    def run():
+      taken = tf.nest.map_structure(lambda x: tf.gather(x, order[:size]),
+                                    ins)
+      back = tf.minimum(place, size - 1)
+      return (tf.nest.map_structure(lambda y: tf.gather(y, back),
+                                    list(kernel(size, *taken))), size)
+    return run
+
+  # Sizes fall along MEMBER_BUCKETS: the last one holding `count` wins.
+  index = tf.reduce_sum(tf.cast(tf.stack(sizes[1:]) >= count, tf.int32))
+  outs, rows = tf.switch_case(
+      index, [everyone] + [bucket(size) for size in sizes[1:]])
+  return outs, rows
 
 
 def _poison(value, mask):
@@ -157,10 +195,11 @@ class PcVmRuntime:
       if bool(tf.reduce_any(overflow)):
         raise errors.StackOverflowError(message)
       return result
-    steps, executions, active, high = counters
+    steps, executions, active, high, rows = counters
     self.stats = None
     self.stats_tensors = {
         "steps": steps, "active_members": active, "max_stack_depth": high,
+        "batched_primitive_rows": rows,
         "block_executions": {b.label: executions[i] for i, b in
                              enumerate(self.program.blocks)}}
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
@@ -173,10 +212,12 @@ class PcVmRuntime:
     return self._execute(list(args), eager=False)
 
   def _to_stats(self, counters, batch_size):
-    steps, executions, active, high = (np.asarray(c) for c in counters)
+    steps, executions, active, high, rows = (np.asarray(c)
+                                             for c in counters)
     stats = stats_lib.RunStats(batch_size=int(batch_size), steps=int(steps),
                                active_members=int(active),
-                               max_stack_depth=int(high))
+                               max_stack_depth=int(high),
+                               batched_primitive_rows=int(rows))
     stats.block_executions = {b.label: int(n) for b, n in
                               zip(self.program.blocks, executions) if n}
     return stats
@@ -206,7 +247,7 @@ class PcVmRuntime:
                          self.program.result)
     result = _poison(result, small["overflow"])
     counters = (state["steps"], state["executions"], state["active"],
-                state["high"])
+                state["high"], state["rows"])
     return result, small["overflow"], counters
 
   def _small(self, state):
@@ -222,9 +263,9 @@ class PcVmRuntime:
     """
     stacks = state["stacks"]
     if eager:
-      registers, bank_writes, packed_writes = self._blocks[nxt](state)
+      registers, bank_writes, packed_writes, rows = self._blocks[nxt](state)
     else:
-      registers, bank_writes, packed_writes = tf.switch_case(
+      registers, bank_writes, packed_writes, rows = tf.switch_case(
           nxt, [lambda fn=fn: fn(state) for fn in self._blocks])
     writes = self._writes.unpack(*packed_writes)
     banks = self._banks.apply(state["banks"], bank_writes)
@@ -241,6 +282,7 @@ class PcVmRuntime:
             tf.cast(tf.equal(pc_top, nxt), tf.int32)),
         "high": tf.maximum(state["high"], tf.reduce_max(
             tf.concat([pc_sp, [0]], 0))),
+        "rows": state["rows"] + rows,
     }
 
   def _next_block(self, pc_top):
@@ -336,6 +378,7 @@ class PcVmRuntime:
         "executions": tf.zeros([p.halt], tf.int32),
         "active": tf.constant(0, tf.int32),
         "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
+        "rows": tf.constant(0, tf.int32),
     }
 
   def _values_live_out(self):
@@ -482,6 +525,7 @@ class PcVmRuntime:
 
       env, dirty = {}, set()
       live_out = self._live_out[block.label]
+      model_rows = []    # rows each @batched_primitive call computed
 
       def read(v):
         if v not in env:
@@ -498,25 +542,36 @@ class PcVmRuntime:
       def primitive(op, guard):
         """A primitive's values, on every row. With a guard, for its
         members only: under XLA it still runs on every row like the rest
-        of the block; elsewhere user code may raise on the rows that
+        of the block (a @batched_primitive runs on its members gathered,
+        see `_on_members`); elsewhere user code may raise on the rows that
         would not have run it (an index past the end that the guard tests
         for), so those rows get a guarded member's inputs, and nothing
         runs when no member is guarded in."""
         ins = [read(v) for v in op.ins]
         kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
                                   [p.types[v] for v in op.outs])
+        if self.mode == "xla" and op.batched:
+          outs, rows = _on_members(kernel, z, members(guard), ins)
+          model_rows.append(rows)
+          return outs
         if guard is None or self.mode == "xla":
+          if op.batched:
+            model_rows.append(z)
           return kernel(z, *ins)
         runs = members(guard)
         source_g = _row_sources(runs)
         def compute():
           return list(kernel(z, *tf.nest.map_structure(
-              lambda x: tf.gather(x, source_g), ins)))
+              lambda x: tf.gather(x, source_g), ins))), z
         def skip():
-          return [types_lib.zeros(p.types[v], z) for v in op.outs]
+          return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
         if self.mode == "eager":
-          return compute() if bool(tf.reduce_any(runs)) else skip()
-        return tf.cond(tf.reduce_any(runs), compute, skip)
+          outs, rows = compute() if bool(tf.reduce_any(runs)) else skip()
+        else:
+          outs, rows = tf.cond(tf.reduce_any(runs), compute, skip)
+        if op.batched:
+          model_rows.append(rows)
+        return outs
 
       def assign(outs, values, guard):
         for v, value in zip(outs, values):
@@ -568,8 +623,10 @@ class PcVmRuntime:
       # Every block returns the same writes (switch_case branches must
       # agree): the stacks it does not write get masked-off ones.
       changed = self._banks.changes(state, before, self._changed[index])
+      rows = tf.add_n([tf.constant(0)] + [tf.cast(r, tf.int32)
+                                          for r in model_rows])
       return (self._registers.pack(self._banks.rest(state)), changed,
-              self._writes.pack(self._stacks.pack(writes, z)))
+              self._writes.pack(self._stacks.pack(writes, z)), rows)
 
     return run
 

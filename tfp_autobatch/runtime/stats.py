@@ -11,12 +11,17 @@ class RunStats:
   active_members: summed over executed blocks, the members that ran it.
   batch_size: members in the call.
   max_stack_depth: deepest recursion reached (the stack high-water mark).
+  batched_primitive_rows: rows the `@batched_primitive` calls computed,
+    summed over calls (the program-counter runtime; None where not
+    counted). Under XLA a call computes its members gathered into a few
+    fixed sizes, so this lies between the members and the batch size.
   """
   batch_size: int = 0
   steps: int = 0
   block_executions: dict = dataclasses.field(default_factory=dict)
   active_members: int = 0
   max_stack_depth: int = 0
+  batched_primitive_rows: object = None
 
   def record_block(self, label, members):
     self.steps += 1
