@@ -40,10 +40,12 @@ NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
     "energy",                 # [chains] Hamiltonian at the sampled state
     "seed",                   # [2] int32, the seed this step used
     # Gradient utilisation of the batched call: useful gradients (the sum of
-    # leapfrogs_taken) over the gradients the batch computed, i.e. chains x
-    # leapfrogs per leaf x batched leaf calls, counted by the backend
-    # (eagerly and inside tf.function alike; also `kernel.last_run_stats`
-    # when run eagerly).
+    # leapfrogs_taken) over the gradients the batch computed, counted by the
+    # backend (eagerly and inside tf.function alike; also
+    # `kernel.last_run_stats` when run eagerly): the rows its batched leaf
+    # calls computed on the pc backends (all chains per call under pc:graph
+    # and pc:eager, the members gathered into a few sizes under pc:xla),
+    # chains x batched leaf calls, an upper bound, on the local ones.
     "num_grads_computed",     # [] int32
     "gradient_utilization",   # [] float
 ])
