@@ -26,6 +26,9 @@ Each step picks a block (the lowest waiting pc, or the one most members wait
 at), and runs it for the members waiting there: every primitive runs on all
 Z rows, inactive rows fed a copy of an active row's inputs (so junk can never
 raise or poison), and results are kept with `tf.where(active, new, old)`.
+Under XLA, which never raises, inactive rows keep their own junk, and a
+`@batched_primitive` (the expensive model) runs on the members only,
+gathered into one of a few fixed sizes (`MEMBER_BUCKETS`).
 Temporaries live only in a block's local environment. Block functions are
 built once per block with the block index static (paper Fig. 5): in graph
 mode the loop is a `tf.while_loop` over `tf.switch_case(next_pc, blocks)`.
