@@ -184,24 +184,19 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   def _gradient_blocks(self, nuts_steps, layout):
     """`{block label: batched gradient calls in the block}` of the blocks
-    that call the gradient (each call computes it for every chain of the
-    batch), as the backend labels them: IR-2 blocks for the pc backends,
-    "function/label" of IR-1 blocks for the local ones. Found once per
-    state layout and backend, after the program's first call."""
-    local = not self.backend.startswith("pc:")
-    key = (layout, local)
-    if key not in self._gradient_labels:
-      program = nuts_steps.ir(level=1 if local else 2)
-      if local:
-        blocks = [(f"{f.name}/{b.label}", b.ops) for f in program.functions
-                  for b in f.blocks]
-      else:
-        blocks = [(b.label, b.ops) for b in program.blocks]
-      calls = {label: sum(isinstance(op, ir2.Primitive) and op.batched
-                          for op in ops) for label, ops in blocks}
-      self._gradient_labels[key] = {label: n for label, n in calls.items()
-                                    if n}
-    return self._gradient_labels[key]
+    that call the gradient, labelled as the local runtimes label them
+    ("function/label" of IR-1 blocks). Found once per state layout, after
+    the program's first call. (The pc runtimes count the rows they compute
+    themselves.)"""
+    if layout not in self._gradient_labels:
+      program = nuts_steps.ir(level=1)
+      calls = {f"{f.name}/{b.label}":
+               sum(isinstance(op, ir2.Primitive) and op.batched
+                   for op in b.ops)
+               for f in program.functions for b in f.blocks}
+      self._gradient_labels[layout] = {label: n for label, n in calls.items()
+                                       if n}
+    return self._gradient_labels[layout]
 
   # -- the kernel -------------------------------------------------------------
 
@@ -276,21 +271,18 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     new_parts, new_grads = unflat(out.q), unflat(out.grad)
     useful = tf.reduce_sum(out.num_leapfrogs)
-    # The backend counts the batched gradient calls: eagerly in its
-    # RunStats, traced (pc backends) as tensors of the caller's graph. The
-    # pc runtime counts the rows its gradient calls computed (under XLA
-    # they run on a block's members gathered into a few fixed sizes).
-    if stats is not None:
+    # The backend counts the gradients it computed. The pc runtimes count
+    # the rows their batched gradient calls computed (under XLA a call runs
+    # on its block's members gathered into a few fixed sizes): eagerly in
+    # their RunStats, traced as tensors of the caller's graph. The local
+    # runtimes (eager only) call it on the gathered active chains, and
+    # chains x calls is an upper bound.
+    if stats is None:
+      computed = nuts_steps.last_stats_tensors["batched_primitive_rows"]
+    elif stats.batched_primitive_rows is not None:
+      computed = tf.constant(stats.batched_primitive_rows, tf.int32)
+    else:
       counts = stats.block_executions
-      rows = stats.batched_primitive_rows
-    else:
-      counts = nuts_steps.last_stats_tensors["block_executions"]
-      rows = nuts_steps.last_stats_tensors.get("batched_primitive_rows")
-    if rows is not None:
-      computed = tf.cast(rows, tf.int32)
-    else:
-      # The local runtimes call it on the gathered active chains only, so
-      # for them chains x calls is an upper bound.
       computed = tf.cast(num_chains, tf.int32) * tf.add_n(
           [tf.constant(0)] + [calls * tf.cast(counts[label], tf.int32)
                               for label, calls in self._gradient_blocks(

@@ -94,17 +94,17 @@ def _on_members(kernel, z, members, ins):
   junk, which the block discards. Only under XLA, where the bucket sizes
   are compile-time constants (Z is static once compiled)."""
   count = tf.reduce_sum(tf.cast(members, tf.int32))
-  # Members first, in row order; `place[i]` is row i's slot in `order`.
-  order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
-                     stable=True)
-  place = tf.argsort(order)
-  sizes = [(z + d - 1) // d for d in MEMBER_BUCKETS]
+  sizes = [(z + d - 1) // d for d in MEMBER_BUCKETS[1:]]
 
   def everyone():
     return list(kernel(z, *ins)), z
 
   def bucket(size):
     def run():
+      # Members first, in row order; `place[i]` is row i's slot there.
+      order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
+                         stable=True)
+      place = tf.argsort(order)
       taken = tf.nest.map_structure(lambda x: tf.gather(x, order[:size]),
                                     ins)
       back = tf.minimum(place, size - 1)
@@ -113,10 +113,8 @@ def _on_members(kernel, z, members, ins):
     return run
 
   # Sizes fall along MEMBER_BUCKETS: the last one holding `count` wins.
-  index = tf.reduce_sum(tf.cast(tf.stack(sizes[1:]) >= count, tf.int32))
-  outs, rows = tf.switch_case(
-      index, [everyone] + [bucket(size) for size in sizes[1:]])
-  return outs, rows
+  index = tf.reduce_sum(tf.cast(tf.stack(sizes) >= count, tf.int32))
+  return tf.switch_case(index, [everyone] + [bucket(n) for n in sizes])
 
 
 def _poison(value, mask):
@@ -543,24 +541,20 @@ class PcVmRuntime:
         return active if guard is None else tf.logical_and(active, guard)
 
       def primitive(op, guard):
-        """A primitive's values, on every row. With a guard, for its
-        members only: under XLA it still runs on every row like the rest
-        of the block (a @batched_primitive runs on its members gathered,
-        see `_on_members`); elsewhere user code may raise on the rows that
-        would not have run it (an index past the end that the guard tests
-        for), so those rows get a guarded member's inputs, and nothing
-        runs when no member is guarded in."""
+        """`(values, rows computed)` of a primitive, on every row. With a
+        guard, for its members only: under XLA it still runs on every row
+        like the rest of the block (a @batched_primitive runs on its
+        members gathered, see `_on_members`); elsewhere user code may
+        raise on the rows that would not have run it (an index past the
+        end that the guard tests for), so those rows get a guarded
+        member's inputs, and nothing runs when no member is guarded in."""
         ins = [read(v) for v in op.ins]
         kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
                                   [p.types[v] for v in op.outs])
         if self.mode == "xla" and op.batched:
-          outs, rows = _on_members(kernel, z, members(guard), ins)
-          model_rows.append(rows)
-          return outs
+          return _on_members(kernel, z, members(guard), ins)
         if guard is None or self.mode == "xla":
-          if op.batched:
-            model_rows.append(z)
-          return kernel(z, *ins)
+          return kernel(z, *ins), z
         runs = members(guard)
         source_g = _row_sources(runs)
         def compute():
@@ -569,12 +563,8 @@ class PcVmRuntime:
         def skip():
           return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
         if self.mode == "eager":
-          outs, rows = compute() if bool(tf.reduce_any(runs)) else skip()
-        else:
-          outs, rows = tf.cond(tf.reduce_any(runs), compute, skip)
-        if op.batched:
-          model_rows.append(rows)
-        return outs
+          return compute() if bool(tf.reduce_any(runs)) else skip()
+        return tf.cond(tf.reduce_any(runs), compute, skip)
 
       def assign(outs, values, guard):
         for v, value in zip(outs, values):
@@ -586,8 +576,11 @@ class PcVmRuntime:
       def run_op(op, guard):
         """One op, for the members of `guard` (all of them if None)."""
         match op:
-          case ir2.Primitive(outs, _, _, _):
-            assign(outs, primitive(op, guard), guard)
+          case ir2.Primitive(outs, _, _, batched):
+            values, rows = primitive(op, guard)
+            if batched:
+              model_rows.append(rows)
+            assign(outs, values, guard)
           case ir2.Move(outs, ins):
             assign(outs, [vectorize.conform(read(v), p.types[v2])
                           for v, v2 in zip(ins, outs)], guard)
