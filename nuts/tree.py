@@ -141,6 +141,32 @@ def mean_accept(accept_sum, num_leapfrogs):
   return accept_sum / n
 
 
+def merge_subtrees(first, second, seed, words):
+  """The subtree made of `first` then `second` (a valid `first`; `second`
+  grown from its outer end). `words` key the multinomial draw."""
+  accept_sum = first.accept_sum + second.accept_sum
+  num_leapfrogs = first.num_leapfrogs + second.num_leapfrogs
+  # Multinomial sampling inside the subtree.
+  log_weight = log_add_exp(first.log_weight, second.log_weight)
+  take_second = accept_new(seed, words, second.log_weight, log_weight)
+  q_s, p_s, logp_s, grad_s = choose(
+      take_second,
+      (second.q_sample, second.p_sample, second.logp_sample,
+       second.grad_sample),
+      (first.q_sample, first.p_sample, first.logp_sample, first.grad_sample))
+  ok = no_u_turn_merge(first.rho, first.p_inner, first.p_outer,
+                       second.rho, second.p_inner, second.p_outer)
+  merged = Subtree(second.q_outer, second.p_outer, second.grad_outer,
+                   first.p_inner, q_s, p_s, logp_s, grad_s, log_weight,
+                   first.rho + second.rho, ok, accept_sum, num_leapfrogs,
+                   second.divergent)
+  # An invalid second half is returned as it is, with the counts of both.
+  # (A select, not `if`: both results are cheap, and every branch costs
+  # the batched program a step.)
+  return choose(second.ok, merged, second._replace(
+      accept_sum=accept_sum, num_leapfrogs=num_leapfrogs))
+
+
 def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
                  num_trajectories):
   """The batched NUTS program over a `@tab.batched_primitive` log-density.
@@ -168,6 +194,16 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
   @tab.batch(max_stack_depth=stack_depth)
   def build_tree(q, p, grad, eps, depth, h0, seed, traj, doubling, start):
     """A subtree of 2**depth leaves grown from (q, p) with signed step eps."""
+    if depth == 1:
+      # The recursive case below with `leaf` for the halves: a two-leaf
+      # subtree takes the batched program one step instead of five (call,
+      # leaf, test, leaf, merge).
+      first = leaf(q, p, grad, eps, h0)
+      if not first.ok:
+        return first
+      second = leaf(first.q_outer, first.p_outer, first.grad_outer, eps, h0)
+      return merge_subtrees(first, second, seed,
+                            [traj, doubling, _MERGE, depth, start])
     if depth == 0:
       return leaf(q, p, grad, eps, h0)
     first = build_tree(q, p, grad, eps, depth - 1, h0, seed, traj, doubling,
@@ -177,28 +213,8 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
     second = build_tree(first.q_outer, first.p_outer, first.grad_outer, eps,
                         depth - 1, h0, seed, traj, doubling,
                         start + half_size(depth))
-    accept_sum = first.accept_sum + second.accept_sum
-    num_leapfrogs = first.num_leapfrogs + second.num_leapfrogs
-    # Multinomial sampling inside the subtree.
-    log_weight = log_add_exp(first.log_weight, second.log_weight)
-    take_second = accept_new(seed, [traj, doubling, _MERGE, depth, start],
-                             second.log_weight, log_weight)
-    q_s, p_s, logp_s, grad_s = choose(
-        take_second,
-        (second.q_sample, second.p_sample, second.logp_sample,
-         second.grad_sample),
-        (first.q_sample, first.p_sample, first.logp_sample, first.grad_sample))
-    ok = no_u_turn_merge(first.rho, first.p_inner, first.p_outer,
-                         second.rho, second.p_inner, second.p_outer)
-    merged = Subtree(second.q_outer, second.p_outer, second.grad_outer,
-                     first.p_inner, q_s, p_s, logp_s, grad_s, log_weight,
-                     first.rho + second.rho, ok, accept_sum, num_leapfrogs,
-                     second.divergent)
-    # An invalid second half is returned as it is, with the counts of both.
-    # (A select, not `if`: both results are cheap, and every branch costs
-    # the batched program a step.)
-    return choose(second.ok, merged, second._replace(
-        accept_sum=accept_sum, num_leapfrogs=num_leapfrogs))
+    return merge_subtrees(first, second, seed,
+                          [traj, doubling, _MERGE, depth, start])
 
   @tab.batch(max_stack_depth=stack_depth)
   def trajectory(q, logp, grad, step, seed, traj):

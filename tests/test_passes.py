@@ -57,6 +57,18 @@ def _calls_twice_twice(x):
   return _twice(x) + _twice(x + 1)
 
 
+@tab.batch
+def _halve_odd(x):
+  if x % 2 == 1:
+    x = x // 2
+  return x
+
+
+@tab.batch
+def _calls_halve_odd_twice(x):
+  return _halve_odd(x) + _halve_odd(x + 1)
+
+
 def test_a_function_called_from_one_place_is_inlined():
   untyped = pipeline.convert_program(digit_sum)
   assert [f.name for f in untyped.functions] == ["digit_sum", "_take_digits"]
@@ -74,12 +86,30 @@ def test_a_function_called_from_one_place_is_inlined():
                                   [0, 9, 1, 28, 2])
 
 
-def test_recursive_and_shared_functions_are_not_inlined():
+def test_a_straight_line_function_is_inlined_at_every_call_site():
+  program = pipeline.typed_program(_calls_twice_twice, INT)
+  assert [f.name for f in program.functions] == ["_calls_twice_twice"]
+  # One copy per call site, each under its own names, in one block.
+  assert len(program.entry.blocks) == 1
+  for copy in ("_twice.x", "_twice.2.x"):
+    assert program.var_type("_calls_twice_twice", copy) == INT[0]
+  x = np.array([0, 3, -5], np.int32)
+  for backend in ("local:eager", "pc:eager", "pc:xla"):
+    np.testing.assert_array_equal(
+        _calls_twice_twice(x, backend=backend), 4 * x + 2)
+  _calls_twice_twice(x, backend="pc:eager")
+  assert _calls_twice_twice.last_stats.steps == 1   # was 5: 2 calls + entry
+
+
+def test_recursive_and_shared_branching_functions_are_not_inlined():
   assert [f.name for f in pipeline.typed_program(fib, INT).functions] == [
       "fib"]
-  shared = pipeline.typed_program(_calls_twice_twice, INT)
-  assert [f.name for f in shared.functions] == ["_calls_twice_twice",
-                                                "_twice"]
+  shared = pipeline.typed_program(_calls_halve_odd_twice, INT)
+  assert [f.name for f in shared.functions] == ["_calls_halve_odd_twice",
+                                                "_halve_odd"]
+  x = np.array([0, 3, 6], np.int32)
+  np.testing.assert_array_equal(
+      _calls_halve_odd_twice(x, backend="pc:xla"), [0 + 0, 1 + 4, 6 + 3])
 
 
 def test_inlining_fewer_vm_steps():

@@ -55,6 +55,9 @@ def tree(height, depth):
 
 @tab.batch
 def square(x):
+  # Two blocks (a straight-line helper would be inlined at each call).
+  if x < 0:
+    x = -x
   return x * x
 
 
@@ -521,6 +524,41 @@ def test_early_return_before_the_model_keeps_its_branch():
   n = np.array([-3, 0, 4])
   got, _ = _steps(program, n)
   np.testing.assert_array_equal(got, [-3, 1, 9])
+
+
+@tab.batch
+def model_test_model(n):
+  y = _double_all(n)
+  if y < 0:
+    return y
+  return _double_all(y) + 1
+
+
+def test_early_return_after_the_model_runs_the_next_model_call_guarded():
+  # The testing block calls the model already, so the block after the test
+  # may move into it: its model call runs guarded, for the members that
+  # did not return, and the schedule still finds every model call in a
+  # model block.
+  typed = _typed(model_test_model)
+  before = branch_at_call.branch_at_call_sites(
+      stack_optimize.optimize(lower.lower_to_stack_program(typed)))
+  after = return_early.return_early(before)
+  assert "if not model_test_model._cond1: model_test_model._t5 = " \
+         "batched_primitive" in str(after)
+  n = np.array([-3, -1, 2, 5])
+  got_before, steps_before = _steps(before, n)
+  got_after, steps_after = _steps(after, n)
+  np.testing.assert_array_equal(got_before, [-6, -2, 9, 21])
+  np.testing.assert_array_equal(got_after, got_before)
+  assert (steps_before, steps_after) == (3, 1)
+  # Rows the model computed: pc:eager runs each call on every row; pc:xla
+  # runs the guarded call on its 2 members only (a bucket of 4 / 2 rows).
+  rows = {}
+  for backend in ("pc:eager", "pc:xla"):
+    np.testing.assert_array_equal(model_test_model(n, backend=backend),
+                                  got_before)
+    rows[backend] = model_test_model.last_stats.batched_primitive_rows
+  assert rows == {"pc:eager": 8, "pc:xla": 6}
 
 
 def test_verify_rejects_a_guarded_pop():

@@ -320,11 +320,10 @@ def verify_ir2(program, after="?"):
       for v in reads(op) + writes(op):
         if v not in known:
           fail(f"{b.label}: variable '{v}' has no type")
-      if isinstance(op, Guarded) and (
-          isinstance(op.op, (Guarded, Pop, Update)) or
-          (isinstance(op.op, Primitive) and op.op.batched)):
+      if isinstance(op, Guarded) and isinstance(op.op,
+                                                (Guarded, Pop, Update)):
         fail(f"{b.label}: guarded op {format_op(op)} (a guard may hold a "
-             "Move, a Push or a Primitive that is not batched)")
+             "Move, a Push or a Primitive)")
       op = unguarded(op)
       if isinstance(op, (Push, Pop, Update)) and op.var in program.temporaries:
         fail(f"{b.label}: temporary '{op.var}' is saved on a stack")

@@ -1,13 +1,23 @@
-"""Inlining: a non-recursive function called from one place joins its caller.
+"""Inlining: a non-recursive function joins its callers where that saves steps.
 
 Every call costs a batched runtime steps of its own: the caller's block ends
 at the call, the callee's blocks run, and the continuation after the return
 is one more block (for the program-counter VM also a push and pop of the
-return address). A function that is called from exactly one place and is not
-recursive gains nothing from being separate: its blocks are shared by no one
-else, so copying them into the caller loses no batching and grows no code.
-With tail duplication afterwards, a small callee usually merges into the
-caller's block (the NUTS leaf: 6 VM steps become 1).
+return address). Two kinds of non-recursive function are inlined:
+
+* one called from exactly one place: its blocks are shared by no one else,
+  so copying them into the caller loses no batching and grows no code. With
+  tail duplication afterwards, a small callee usually merges into the
+  caller's block.
+* a straight-line one (a single block of primitives ending in `return`),
+  at every call site, each copy under its own names (`g.`, `g.2.`, ...).
+  Its call takes three steps (the caller's block, the callee's, the
+  continuation) where its copy takes none: the code runs in the caller's
+  block. Members that reach different call sites at once no longer share
+  the callee's step, but each site's copy runs in a step that site takes
+  anyway, so no site takes more steps than before. (NUTS's `leaf`, called
+  at three places in `build_tree`: a two-leaf subtree is one step.) The
+  cost is code: each copy is traced and compiled on its own.
 
 For the call `y = g(x1, x2)` in block B of f, B is split at the call:
 
@@ -21,6 +31,7 @@ callee's (the program is typed: this runs after type inference).
 """
 import collections
 import dataclasses
+import itertools
 
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
@@ -56,20 +67,39 @@ def _call_sites(program):
   return sites
 
 
+def _straight_line(fn):
+  """One block of primitives ending in `return`: a function whose call
+  costs more steps (the call, the return) than its body."""
+  return (len(fn.blocks) == 1
+          and isinstance(fn.blocks[0].terminator, ir1.Return)
+          and all(isinstance(op, ir1.Primitive) for op in fn.blocks[0].ops))
+
+
 def _inlinable(program):
   """(caller, block label, op index, callee) of a call to inline, or None."""
   reach = lower.call_graph_reach(program)
   for callee, sites in _call_sites(program).items():
-    if (len(sites) == 1 and callee != program.entry.name
-        and callee not in reach[callee]):
+    if callee == program.entry.name or callee in reach[callee]:
+      continue
+    if len(sites) == 1 or _straight_line(program.function(callee)):
       return sites[0] + (callee,)
   return None
+
+
+def _prefix(caller, callee_name):
+  """`callee.` for the first copy of the callee in `caller`, then
+  `callee.2.`, `callee.3.`... (every copy adds blocks under its prefix)."""
+  labels = [b.label for b in caller.blocks]
+  for k in itertools.count(1):
+    prefix = f"{callee_name}." if k == 1 else f"{callee_name}.{k}."
+    if not any(label.startswith(prefix) for label in labels):
+      return prefix
 
 
 def _inline_function(program, caller_name, label, index, callee_name):
   caller = program.function(caller_name)
   callee = program.function(callee_name)
-  prefix = f"{callee_name}."
+  prefix = _prefix(caller, callee_name)
   name = lambda v: prefix + v  # pylint: disable=unnecessary-lambda-assignment
   done = name("done")
   block = caller.block(label)
@@ -88,11 +118,13 @@ def _inline_function(program, caller_name, label, index, callee_name):
   blocks = []
   for b in caller.blocks:
     blocks.extend([head] + list(body) + [tail] if b.label == label else [b])
+  last_site = len(_call_sites(program)[callee_name]) == 1
   functions = tuple(
       dataclasses.replace(f, blocks=tuple(blocks)) if f.name == caller_name
-      else f for f in program.functions if f.name != callee_name)
+      else f for f in program.functions
+      if not (last_site and f.name == callee_name))
   types = {key: t for key, t in program.types.items()
-           if key[0] != callee_name}
+           if not (last_site and key[0] == callee_name)}
   for (fn_name, var), t in program.types.items():
     if fn_name == callee_name:
       types[(caller_name, name(var))] = t

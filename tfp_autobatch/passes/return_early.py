@@ -18,13 +18,17 @@ rows of the members it runs), so the merged block costs what B and C cost
 together plus R's few ops, and each member saves the step it spent in R
 or C. R and C stay in the program while other blocks still reach them.
 Nothing is merged when R or C writes `c` (the guards read it after them),
-calls a `@batched_primitive` (the schedule must keep gathering members at
-the model), pops a stack, or is B itself. (A recursion's own entry test,
-`if depth == 0`, is left alone for the first reason: the callers that run
-it, see `branch_at_call`, write its condition again.)
+pops a stack, or is B itself, or when R calls a `@batched_primitive`, or
+C does and B does not (the schedule keeps blocks that call the model
+waiting so that it runs for as many members as can reach it; a block
+that already calls it may run a second call, guarded, for the members
+that did not return). (A recursion's own entry test, `if depth == 0`, is
+left alone for the first reason: the callers that run it, see
+`branch_at_call`, write its condition again.)
 
 NUTS's `build_tree` takes one VM step fewer per internal tree node: the
-test of the first half's validity runs in the step that returns from it.
+test of the first half's validity runs in the step that returns from it;
+and its two-leaf case (leaf, test, leaf) is one step.
 """
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import ir2
@@ -35,11 +39,19 @@ def _small_return(block):
           and all(map(ir2.is_plain, block.ops)))
 
 
-def _mergeable(block):
-  """A block whose ops can run under a guard (the VM runs plain code and
-  pushes for some members; pops happen only after calls, not here)."""
+def _calls_model(block):
+  return any(isinstance(op, ir2.Primitive) and op.batched
+             for op in block.ops)
+
+
+def _mergeable(block, into):
+  """A block whose ops can run under a guard in block `into` (the VM runs
+  plain code and pushes for some members; pops happen only after calls,
+  not here). A call of the model may move only into a block that calls
+  it already: the schedule keeps such blocks waiting for members."""
   return (not isinstance(block.terminator, ir2.ReturnOr)
           and all(ir2.is_plain(op) or isinstance(op, ir2.Push)
+                  or (_calls_model(into) and isinstance(op, ir2.Primitive))
                   for op in block.ops))
 
 
@@ -68,7 +80,7 @@ def return_early(program):
       for returning, other, when in ((then_block, else_block, True),
                                      (else_block, then_block, False)):
         if (returning is not other and _small_return(returning)
-            and _mergeable(other)
+            and _mergeable(other, b)
             and t.cond not in {v for op in returning.ops + other.ops
                                for v in ir2.writes(op)}):
           b = _merged(b, t.cond, returning, other, when)
