@@ -101,13 +101,14 @@ def _on_members(kernel, z, members, ins):
 
   def bucket(size):
     def run():
-      # Members first, in row order; `place[i]` is row i's slot there.
+      # Members first, in row order: one stable sort finds the rows to
+      # take; member i's slot among them is the count of members before it
+      # (a running count, cheaper than sorting back).
       order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
-                         stable=True)
-      place = tf.argsort(order)
-      taken = tf.nest.map_structure(lambda x: tf.gather(x, order[:size]),
-                                    ins)
-      back = tf.minimum(place, size - 1)
+                         stable=True)[:size]
+      taken = tf.nest.map_structure(lambda x: tf.gather(x, order), ins)
+      back = tf.minimum(tf.cumsum(tf.cast(members, tf.int32),
+                                  exclusive=True), size - 1)
       return (tf.nest.map_structure(lambda y: tf.gather(y, back),
                                     list(kernel(size, *taken))), size)
     return run
