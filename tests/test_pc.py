@@ -551,6 +551,10 @@ def test_early_return_after_the_model_runs_the_next_model_call_guarded():
   np.testing.assert_array_equal(got_before, [-6, -2, 9, 21])
   np.testing.assert_array_equal(got_after, got_before)
   assert (steps_before, steps_after) == (3, 1)
+  # The schedule sees a guarded model call as a model call.
+  guarded = ir2.Block("b", tuple(op for op in after.blocks[0].ops
+                                 if isinstance(op, ir2.Guarded)), ir2.Return())
+  assert ir2.calls_batched_primitive(guarded)
   # Rows the model computed: pc:eager runs each call on every row; pc:xla
   # runs the guarded call on its 2 members only (a bucket of 4 / 2 rows).
   rows = {}

@@ -94,6 +94,13 @@ def unguarded(op):
   return op.op if isinstance(op, Guarded) else op
 
 
+def calls_batched_primitive(block):
+  """Whether `block` calls a `@batched_primitive` (the model), guarded or
+  not."""
+  return any(isinstance(unguarded(op), Primitive) and unguarded(op).batched
+             for op in block.ops)
+
+
 @dataclasses.dataclass(frozen=True)
 class PushJump:
   target: str

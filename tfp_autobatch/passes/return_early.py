@@ -39,11 +39,6 @@ def _small_return(block):
           and all(map(ir2.is_plain, block.ops)))
 
 
-def _calls_model(block):
-  return any(isinstance(op, ir2.Primitive) and op.batched
-             for op in block.ops)
-
-
 def _mergeable(block, into):
   """A block whose ops can run under a guard in block `into` (the VM runs
   plain code and pushes for some members; pops happen only after calls,
@@ -51,7 +46,8 @@ def _mergeable(block, into):
   it already: the schedule keeps such blocks waiting for members."""
   return (not isinstance(block.terminator, ir2.ReturnOr)
           and all(ir2.is_plain(op) or isinstance(op, ir2.Push)
-                  or (_calls_model(into) and isinstance(op, ir2.Primitive))
+                  or (ir2.calls_batched_primitive(into)
+                      and isinstance(op, ir2.Primitive))
                   for op in block.ops))
 
 

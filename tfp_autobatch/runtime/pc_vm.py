@@ -164,8 +164,7 @@ class PcVmRuntime:
     self.trace_count = 0
     self._live_out = self._values_live_out()
     self._blocks = [self._block_fn(i, b) for i, b in enumerate(program.blocks)]
-    calls_model = [any(isinstance(op, ir2.Primitive) and op.batched
-                       for op in b.ops) for b in program.blocks]
+    calls_model = [ir2.calls_batched_primitive(b) for b in program.blocks]
     self._model_blocks = ([int(c) for c in calls_model]
                           if schedule == "primitives_last" and any(calls_model)
                           else None)
