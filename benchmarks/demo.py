@@ -37,7 +37,7 @@ from benchmarks import nuts_systems
 
 FLAGS = nuts_bench.define_flags(
     problem=["logistic_regression"], systems=list(nuts_bench.DEMO_SYSTEMS),
-    batch_sizes=["4", "16", "64"], num_results=5, num_burnin=1,
+    batch_sizes=["4", "16", "64"], num_results=5, num_burnin=8,
     output="benchmarks/results/nuts_demo.json",
     plot="benchmarks/results/nuts_demo.png", max_step_sec=20.0)
 

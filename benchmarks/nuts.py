@@ -4,7 +4,7 @@ Usage:
 
   python -m benchmarks.nuts --problem=logistic_regression \
       --systems=pc:xla,pc:graph,local:eager,local:eager_xla,unbatched,tfp_reference,tfp_iterative,stan,limit \
-      --batch_sizes=1,4,16,64,256 --num_results=10 --num_burnin=2 \
+      --batch_sizes=1,4,16,64,256 --num_results=20 --num_burnin=10 \
       --output=benchmarks/results/nuts.json --plot=benchmarks/results/nuts.png
   python -m benchmarks.nuts --problem=correlated_gaussian \
       --systems=pc:xla,local:eager_xla --num_trajectories_per_step=1,10 \
@@ -25,7 +25,14 @@ default here is standard NUTS, 1).
 Per system, `--num_trajectories_per_step` value and batch size (number of
 chains), one run: the first MCMC step (`first_call_sec`: conversion,
 tracing and compilation, plus one step), `--num_burnin` - 1 more untimed
-steps, then `--num_results` timed steps whose states are kept.  Recorded:
+steps (`burnin_sec`), then `--num_results` timed steps whose states are
+kept.  The default burn-in of 10 steps is there because XLA-compiled
+kernels run slower for their first steps: on 2 cores one fixed
+logistic-regression transition of `pc:xla` took 26, 15, 8, 8, 6 ms on its
+first calls and 4.5-5 ms from about the eighth (TFP's reference kernel: 15
+then 9 ms; with one intra-op thread the slow start was 2 calls long; the
+cause is not known).  With 2 burn-in steps the timed steps were mostly
+this slow start.  Recorded:
 
 - `grads_per_sec`: gradients the chains' trajectories used (sum of their
   leapfrog steps, as in the paper), summed over chains, per second;
@@ -80,8 +87,8 @@ from benchmarks import programs as bench
 SYSTEMS = nuts_systems.SYSTEMS
 DEMO_SYSTEMS = ("pc:xla", "tfp_reference", "tfp_iterative", "limit")
 RECORD_KEYS = ("system", "problem", "batch_size", "grads_per_sec",
-               "utilization", "sec_per_step", "first_call_sec", "accept_rate",
-               "ess_per_sec")
+               "utilization", "sec_per_step", "first_call_sec", "burnin_sec",
+               "accept_rate", "ess_per_sec")
 
 
 def min_ess(draws):
@@ -122,10 +129,12 @@ def measure(system, problem, settings, init, num_burnin, num_results,
   first_call_sec = time.perf_counter() - start
   if bar is not None:
     bar.update(1)
+  start = time.perf_counter()
   for i in range(1, warm):
     stepper.step(i)
     if bar is not None:
       bar.update(1)
+  burnin_sec = time.perf_counter() - start
   draws, used, computed, accept = [], 0, 0, []
   start = time.perf_counter()
   for i in range(warm, warm + num_results):
@@ -147,8 +156,8 @@ def measure(system, problem, settings, init, num_burnin, num_results,
        if system in nuts_systems.FUSING else 1)
   record = _record(
       system, problem, settings, batch, k, first_call_sec=first_call_sec,
-      timed_sec=timed_sec, num_results=num_results, grads_used=used,
-      grads_computed=computed, chains_run=chains,
+      burnin_sec=burnin_sec, timed_sec=timed_sec, num_results=num_results,
+      grads_used=used, grads_computed=computed, chains_run=chains,
       computed_is_estimate=bool(stepper.computed_is_estimate),
       accept=np.mean(accept) if accept else None, ess=ess,
       trajectories=chains * num_results * k)
@@ -169,8 +178,8 @@ def measure(system, problem, settings, init, num_burnin, num_results,
   return record
 
 
-def _record(system, problem, settings, batch, k, first_call_sec, timed_sec,
-            num_results, grads_used, grads_computed, chains_run,
+def _record(system, problem, settings, batch, k, first_call_sec, burnin_sec,
+            timed_sec, num_results, grads_used, grads_computed, chains_run,
             computed_is_estimate, accept, ess, trajectories):
   """One JSON record; rates of `chains_run` < `batch` chains stand for the
   batch (they ran one after the other)."""
@@ -182,6 +191,9 @@ def _record(system, problem, settings, batch, k, first_call_sec, timed_sec,
       "utilization": grads_used / max(grads_computed, 1),
       "sec_per_step": timed_sec / num_results * scale,
       "first_call_sec": first_call_sec,
+      # The untimed steps after the first call: XLA-compiled kernels run
+      # slower for their first few steps (see the module doc).
+      "burnin_sec": burnin_sec,
       "accept_rate": None if accept is None else float(accept),
       "ess_per_sec": None if ess is None else ess / timed_sec,
       "ess_min": ess,
@@ -213,7 +225,7 @@ def measure_stan(problem, settings, init, batch_sizes, num_results,
   for batch in batch_sizes:
     record = _record(
         "stan", problem, settings, batch, 1, first_call_sec=run.build_sec,
-        timed_sec=timed_sec, num_results=num_results,
+        burnin_sec=None, timed_sec=timed_sec, num_results=num_results,
         grads_used=run.grads_used, grads_computed=run.grads_used,
         chains_run=1, computed_is_estimate=False, accept=accept, ess=ess,
         trajectories=num_results)
@@ -237,7 +249,7 @@ def measure_stan(problem, settings, init, batch_sizes, num_results,
 
 
 def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
-                   batch_sizes=(1, 4, 16, 64), num_results=10, num_burnin=2,
+                   batch_sizes=(1, 4, 16, 64), num_results=20, num_burnin=10,
                    num_trajectories_per_step=(1,), seed=0, step_size=None,
                    max_tree_depth=10, unrolled_leapfrog_steps=1,
                    num_dims=None, num_data=None, trace_kernel=True,
@@ -413,10 +425,10 @@ def define_flags(flag_values=None, **defaults):
                     f"Systems: {', '.join(SYSTEMS)}.", flag_values=fv)
   flags.DEFINE_list("batch_sizes", d("batch_sizes", ["1", "4", "16", "64"]),
                     "Numbers of chains.", flag_values=fv)
-  flags.DEFINE_integer("num_results", d("num_results", 10),
+  flags.DEFINE_integer("num_results", d("num_results", 20),
                        "Timed MCMC steps (states kept for ESS).",
                        flag_values=fv)
-  flags.DEFINE_integer("num_burnin", d("num_burnin", 2),
+  flags.DEFINE_integer("num_burnin", d("num_burnin", 10),
                        "Untimed MCMC steps first (the first one is the "
                        "first call).", flag_values=fv)
   flags.DEFINE_list("num_trajectories_per_step",

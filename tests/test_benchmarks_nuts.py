@@ -90,7 +90,7 @@ def test_benchmark_runs_every_system(tmp_path):
   payload = nuts_bench.benchmark(
       output=output, plot_path=plot_path, problems=("logistic_regression",),
       systems=nuts_systems.SYSTEMS, batch_sizes=(2,), num_results=2,
-      num_burnin=1, num_trajectories_per_step=(1,), unbatched_cap=1,
+      num_burnin=2, num_trajectories_per_step=(1,), unbatched_cap=1,
       limit_leapfrogs=4, stan_num_results=5, progress=False, **TINY)
   # The file is a list of records, each with the machine and the run's
   # configuration (skips included).
@@ -121,6 +121,9 @@ def test_benchmark_runs_every_system(tmp_path):
     assert r["num_trajectories_per_step"] == 1
     for key in ("grads_per_sec", "sec_per_step", "first_call_sec"):
       assert math.isfinite(r[key]) and r[key] > 0, (key, r)
+    if r["system"] != "stan":   # Stan's own warm-up: warmup_sec
+      # One untimed step after the first call (num_burnin=2), timed apart.
+      assert 0 < r["burnin_sec"] < r["first_call_sec"] + r["timed_sec"], r
     assert 0 < r["utilization"] <= 1, r
     assert r["grads_used"] > 0 and r["grads_computed"] >= r["grads_used"], r
     if r["ess_per_sec"] is not None:   # two draws: ESS may be undefined
