@@ -563,6 +563,14 @@ def test_early_return_after_the_model_runs_the_next_model_call_guarded():
                                   got_before)
     rows[backend] = model_test_model.last_stats.batched_primitive_rows
   assert rows == {"pc:eager": 8, "pc:xla": 6}
+  # When every row returns early, no backend runs the guarded call: only
+  # the first call's 4 rows are computed (pc:xla used to run its smallest
+  # bucket anyway).
+  negative = np.array([-3, -1, -2, -5])
+  for backend in ("pc:eager", "pc:xla"):
+    np.testing.assert_array_equal(model_test_model(negative, backend=backend),
+                                  2 * negative)
+    assert model_test_model.last_stats.batched_primitive_rows == 4, backend
 
 
 def test_verify_rejects_a_guarded_pop():

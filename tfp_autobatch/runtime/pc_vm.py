@@ -87,12 +87,14 @@ def _row_sources(mask):
   return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
 
 
-def _on_members(kernel, z, members, ins):
+def _on_members(kernel, z, members, ins, skip):
   """`(kernel's outputs on all Z rows, rows computed)`, computing only on
   the members' rows gathered into the smallest bucket (see
   `MEMBER_BUCKETS`) that holds them; the outputs of the other rows are
-  junk, which the block discards. Only under XLA, where the bucket sizes
-  are compile-time constants (Z is static once compiled)."""
+  junk, which the block discards. With no members (a guarded call whose
+  guard holds for none) it computes nothing and returns `skip()`.
+  Only under XLA, where the bucket sizes are compile-time constants (Z is
+  static once compiled)."""
   count = tf.reduce_sum(tf.cast(members, tf.int32))
   sizes = [(z + d - 1) // d for d in MEMBER_BUCKETS[1:]]
 
@@ -113,9 +115,12 @@ def _on_members(kernel, z, members, ins):
                                     list(kernel(size, *taken))), size)
     return run
 
-  # Sizes fall along MEMBER_BUCKETS: the last one holding `count` wins.
-  index = tf.reduce_sum(tf.cast(tf.stack(sizes) >= count, tf.int32))
-  return tf.switch_case(index, [everyone] + [bucket(n) for n in sizes])
+  # Sizes fall along MEMBER_BUCKETS: the last one holding `count` wins;
+  # past them, the branch for no members.
+  index = (tf.reduce_sum(tf.cast(tf.stack(sizes) >= count, tf.int32))
+           + tf.cast(tf.equal(count, 0), tf.int32))
+  return tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
+                        + [skip])
 
 
 def _poison(value, mask):
@@ -551,8 +556,11 @@ class PcVmRuntime:
         ins = [read(v) for v in op.ins]
         kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
                                   [p.types[v] for v in op.outs])
+        def skip():
+          """Nothing computed: zeros, which no member reads."""
+          return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
         if self.mode == "xla" and op.batched:
-          return _on_members(kernel, z, members(guard), ins)
+          return _on_members(kernel, z, members(guard), ins, skip)
         if guard is None or self.mode == "xla":
           return kernel(z, *ins), z
         runs = members(guard)
@@ -560,8 +568,6 @@ class PcVmRuntime:
         def compute():
           return list(kernel(z, *tf.nest.map_structure(
               lambda x: tf.gather(x, source_g), ins))), z
-        def skip():
-          return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
         if self.mode == "eager":
           return compute() if bool(tf.reduce_any(runs)) else skip()
         return tf.cond(tf.reduce_any(runs), compute, skip)
