@@ -194,18 +194,17 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
   @tab.batch(max_stack_depth=stack_depth)
   def build_tree(q, p, grad, eps, depth, h0, seed, traj, doubling, start):
     """A subtree of 2**depth leaves grown from (q, p) with signed step eps."""
-    if depth == 1:
-      # The recursive case below with `leaf` for the halves: a two-leaf
-      # subtree takes the batched program one step instead of five (call,
-      # leaf, test, leaf, merge).
+    if depth <= 1:
+      # The base case (depth 0: one leaf) and, written out, the recursive
+      # case below with `leaf` for the halves (depth 1): a subtree of one
+      # or two leaves takes the batched program one step, and the model
+      # is called from two places only.
       first = leaf(q, p, grad, eps, h0)
-      if not first.ok:
+      if depth == 0 or not first.ok:
         return first
       second = leaf(first.q_outer, first.p_outer, first.grad_outer, eps, h0)
       return merge_subtrees(first, second, seed,
                             [traj, doubling, _MERGE, depth, start])
-    if depth == 0:
-      return leaf(q, p, grad, eps, h0)
     first = build_tree(q, p, grad, eps, depth - 1, h0, seed, traj, doubling,
                        start)
     if not first.ok:
