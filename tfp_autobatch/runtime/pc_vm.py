@@ -549,7 +549,8 @@ class PcVmRuntime:
         """`(values, rows computed)` of a primitive, on every row. With a
         guard, for its members only: under XLA it still runs on every row
         like the rest of the block (a @batched_primitive runs on its
-        members gathered, see `_on_members`); elsewhere user code may
+        members gathered, and not at all without members: see
+        `_on_members`); elsewhere user code may
         raise on the rows that would not have run it (an index past the
         end that the guard tests for), so those rows get a guarded
         member's inputs, and nothing runs when no member is guarded in."""
