@@ -31,7 +31,7 @@ import tensorflow as tf
 from tfp_autobatch import errors
 from tfp_autobatch.runtime import _xla
 
-_Slot = collections.namedtuple("_Slot", ["dtype", "start", "event_shape"])
+_Slot = collections.namedtuple("_Slot", ["dtype", "width", "event_shape"])
 
 
 class RegisterFile:
@@ -56,10 +56,10 @@ class RegisterFile:
         self._slots.append(None)
         continue
       key = leaf.dtype.name
-      start = self.widths.get(key, 0)
       event_shape = shape[1:].as_list()
-      self._slots.append(_Slot(leaf.dtype, start, event_shape))
-      self.widths[key] = start + int(np.prod(event_shape, dtype=np.int64))
+      width = int(np.prod(event_shape, dtype=np.int64))
+      self._slots.append(_Slot(leaf.dtype, width, event_shape))
+      self.widths[key] = self.widths.get(key, 0) + width
 
   def pack(self, nest):
     """`(files, loose)`: {dtype name: [Z, width]} and the unpacked leaves."""
@@ -71,24 +71,29 @@ class RegisterFile:
         loose.append(leaf)
       else:
         columns[slot.dtype.name].append(tf.reshape(
-            leaf, [-1, int(np.prod(slot.event_shape, dtype=np.int64))]))
+            leaf, [-1, slot.width]))
     files = {key: (cols[0] if len(cols) == 1 else tf.concat(cols, axis=1))
              for key, cols in columns.items()}
     return files, loose
 
   def unpack(self, files, loose):
     """The nest packed by `pack`."""
+    # One split per file: a slice per leaf costs the trace (and the
+    # first call's compilation) a few ops each, hundreds of times.
+    columns = {}
+    for key, file in files.items():
+      widths = [slot.width for slot in self._slots
+                if slot is not None and slot.dtype.name == key]
+      columns[key] = iter(tf.split(file, widths, axis=1)
+                          if len(widths) > 1 else [file])
     loose = iter(loose)
     leaves = []
     for slot in self._slots:
       if slot is None:
         leaves.append(next(loose))
-        continue
-      file = files[slot.dtype.name]
-      width = int(np.prod(slot.event_shape, dtype=np.int64))
-      column = file[:, slot.start:slot.start + width]
-      leaves.append(tf.reshape(column, tf.concat(
-          [tf.shape(file)[:1], slot.event_shape], 0)))
+      else:
+        leaves.append(tf.reshape(next(columns[slot.dtype.name]),
+                                 [-1] + slot.event_shape))
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
 
@@ -156,7 +161,9 @@ class RegisterBanks:
   def join(self, banks, rest):
     """The nest whose banked leaves are rows of `banks`."""
     rest = iter(rest)
-    leaves = [next(rest) if slot is None else banks[slot[0]][slot[1]]
+    rows = {key: tf.unstack(bank, num=self.sizes[key])
+            for key, bank in banks.items()}
+    leaves = [next(rest) if slot is None else rows[slot[0]][slot[1]]
               for slot in self._slots]
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
