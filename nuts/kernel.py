@@ -99,6 +99,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         backend=backend, name=name)
     self._programs = {}
     self._gradient_labels = {}
+    self._compiled_step = None
     self.last_run_stats = None
 
   # -- properties -------------------------------------------------------------
@@ -226,8 +227,23 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   @tf.autograph.experimental.do_not_convert
   def one_step(self, current_state, previous_kernel_results, seed=None):
-    parts, is_list = _as_parts(current_state)
     seed = tfp.random.sanitize_seed(seed)
+    if self.backend == "pc:xla" and not tf.executing_eagerly():
+      # Traced into a caller's graph, the whole step is one XLA computation:
+      # otherwise the state's flattening, the chains' seeds and the results
+      # around the batched program are a few dozen small ops for the
+      # caller's executor, 0.3 ms a step (NUTS on the 100-d Gaussian, 1 and
+      # 16 chains, 3.84 -> 3.56 and 5.62 -> 5.33 ms; 2 CPU cores, A/B in
+      # one process, 8 alternating rounds).
+      if self._compiled_step is None:
+        self._compiled_step = tf.function(self._one_step, jit_compile=True,
+                                          autograph=False)
+      return self._compiled_step(current_state, previous_kernel_results,
+                                 seed)
+    return self._one_step(current_state, previous_kernel_results, seed)
+
+  def _one_step(self, current_state, previous_kernel_results, seed):
+    parts, is_list = _as_parts(current_state)
     results = previous_kernel_results
     chain_ndims = results.target_log_prob.shape.rank
     if chain_ndims is None:
