@@ -119,8 +119,29 @@ def _on_members(kernel, z, members, ins, skip):
   # past them, the branch for no members.
   index = (tf.reduce_sum(tf.cast(tf.stack(sizes) >= count, tf.int32))
            + tf.cast(tf.equal(count, 0), tf.int32))
-  return tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
-                        + [skip])
+  outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
+                              + [skip])
+  return _opaque_to_constant_inference(outs), rows
+
+
+def _opaque_to_constant_inference(values):
+  """`values`, passed through a loop that never runs.
+
+  When TF lowers a `tf.switch_case` to XLA, it first tries to prove
+  compile-time constant its branch index and the inputs its branches need
+  constant, and that proof follows them back through earlier conditionals
+  into their branches, evaluating those on the host (up to a million
+  elements a value). A model call's outputs feed the block's next guards
+  and model calls, so every later call re-evaluated the model: a 64-row
+  logistic-regression gradient (two dots with a 10,000 x 100 matrix) in
+  XLA's slow constant evaluator, seconds a call site. The inference takes a
+  while loop's results as unknowable and stops there; XLA deletes the
+  loop, which runs zero times, when it optimises, so it costs nothing when
+  the program runs.
+  """
+  if not values:
+    return values
+  return list(tf.while_loop(lambda *_: False, lambda *v: v, values))
 
 
 def _poison(value, mask):
