@@ -15,8 +15,10 @@ points; `benchmarks/nuts_problems.py`) with
 - `limit`: a raw batched leapfrog loop, the most gradients/s the machine
   gives at that number of chains,
 
-at 4, 16 and 64 chains, all from the same start with the same step size.
-It prints model gradients per second (used by the chains, summed over
+at 4, 16 and 64 chains, all from the same start with the same step size,
+each kernel that can fuse trajectories (ours and TFP's reference) also with
+10 trajectories per step (paper Fig. 7: a chain that finishes a short
+trajectory starts its next one instead of waiting). It prints model gradients per second (used by the chains, summed over
 chains), the other measurements and the ratios of `pc:xla` to each system,
 writes `benchmarks/results/nuts_demo.json` and the plot
 `benchmarks/results/nuts_demo.png`, and says how the issue's targets stand.
@@ -37,7 +39,8 @@ from benchmarks import nuts_systems
 
 FLAGS = nuts_bench.define_flags(
     problem=["logistic_regression"], systems=list(nuts_bench.DEMO_SYSTEMS),
-    batch_sizes=["4", "16", "64"], num_results=5, num_burnin=8,
+    batch_sizes=["4", "16", "64"], num_trajectories_per_step=["1", "10"],
+    num_results=5, num_burnin=8,
     output="benchmarks/results/nuts_demo.json",
     plot="benchmarks/results/nuts_demo.png", max_step_sec=20.0)
 

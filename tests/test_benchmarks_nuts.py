@@ -236,7 +236,16 @@ def test_reporting(tmp_path):
   assert "0.50x" in ratios   # pc:xla over limit
   targets = nuts_report.format_targets(records)
   assert targets == [
-      "  pc:xla >= 1.5x tfp_reference from 1 chains: met (4 chains 2.00x)"]
+      "  pc:xla >= 1.5x tfp_reference from 1 chains: met (4 chains 2.00x)",
+      "  pc:xla k=10 >= 1.5x tfp_reference from 1 chains: NOT met "
+      "(4 chains 1.33x)"]
+  # Each of our settings is held against the peer's best setting.
+  fused_peer = dict(records[1], num_trajectories_per_step=10)
+  assert nuts_report.format_targets(
+      records + [dict(fused_peer, grads_per_sec=1000.0)]) == targets
+  assert nuts_report.format_targets(
+      records + [dict(fused_peer, grads_per_sec=2500.0)])[0].endswith(
+          "NOT met (4 chains 1.20x)")
   assert "NOT met (4 chains 0.50x)" in nuts_report.format_targets(
       records, targets=(("limit", 0.6, 4),))[0]
   path = str(tmp_path / "plot.png")
