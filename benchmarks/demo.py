@@ -18,10 +18,12 @@ points; `benchmarks/nuts_problems.py`) with
 at 4, 16 and 64 chains, all from the same start with the same step size,
 each kernel that can fuse trajectories (ours and TFP's reference) also with
 10 trajectories per step (paper Fig. 7: a chain that finishes a short
-trajectory starts its next one instead of waiting). It prints model gradients per second (used by the chains, summed over
-chains), the other measurements and the ratios of `pc:xla` to each system,
-writes `benchmarks/results/nuts_demo.json` and the plot
-`benchmarks/results/nuts_demo.png`, and says how the issue's targets stand.
+trajectory starts its next one instead of waiting). It prints model
+gradients per second (used by the chains, summed over chains), the other
+measurements and the ratios of `pc:xla` to each system, writes
+`benchmarks/results/nuts_demo.json` and the plot
+`benchmarks/results/nuts_demo.png`, and says how the issue's targets stand
+for each of `pc:xla`'s settings.
 Every flag of `python -m benchmarks.nuts` passes through (see
 `benchmarks/nuts.py`; the defaults here are a smaller run).  It exits
 non-zero if one of our systems fails.  The full benchmark is
