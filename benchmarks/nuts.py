@@ -3,7 +3,7 @@ r"""Benchmark: batched NUTS, ours against peers (Radul et al. 2020, Figs. 6-7).
 Usage:
 
   python -m benchmarks.nuts --problem=logistic_regression \
-      --systems=pc:xla,pc:graph,local:eager,local:eager_xla,unbatched,tfp_reference,tfp_iterative,stan,limit \
+      --systems=pc:xla,pc:graph,local:eager,local:eager_xla,unbatched,tfp_reference,tfp_iterative,stan,limit,limit_logp \
       --batch_sizes=1,4,16,64,256 --num_results=20 --num_burnin=10 \
       --output=benchmarks/results/nuts.json --plot=benchmarks/results/nuts.png
   python -m benchmarks.nuts --problem=correlated_gaussian \
@@ -59,7 +59,9 @@ this slow start.  Recorded:
   own sampling clock.  Its record's `step_size` is the adapted one
   (`initial_step_size`: the one given); it also has `num_warmup`,
   `warmup_sec`, `wall_sec` (the whole pystan call) and `divergences`.
-- `limit` times `--limit_leapfrogs` batched leapfrog steps per "step".
+- `limit` times `--limit_leapfrogs` batched leapfrog steps per "step";
+  `limit_logp` the same keeping each leapfrog's log density, which NUTS
+  needs and `limit` leaves out.
 
 The output JSON is a list of records, one per system, problem, fusion
 setting and batch size, with the keys above plus `system`, `problem`,
@@ -85,7 +87,8 @@ from benchmarks import nuts_systems
 from benchmarks import programs as bench
 
 SYSTEMS = nuts_systems.SYSTEMS
-DEMO_SYSTEMS = ("pc:xla", "tfp_reference", "tfp_iterative", "limit")
+DEMO_SYSTEMS = ("pc:xla", "tfp_reference", "tfp_iterative", "limit",
+                "limit_logp")
 RECORD_KEYS = ("system", "problem", "batch_size", "grads_per_sec",
                "utilization", "sec_per_step", "first_call_sec", "burnin_sec",
                "accept_rate", "ess_per_sec")
@@ -150,8 +153,9 @@ def measure(system, problem, settings, init, num_burnin, num_results,
   if bar is not None:
     bar.close()
   chains, batch = stepper.chains_run, len(init)
-  # (limit's states are leapfrog end points, not MCMC draws.)
-  ess = min_ess(np.stack(draws)) if draws and system != "limit" else None
+  # (the limits' states are leapfrog end points, not MCMC draws.)
+  ess = (min_ess(np.stack(draws))
+         if draws and system not in nuts_systems.LIMITS else None)
   k = (settings.num_trajectories_per_step
        if system in nuts_systems.FUSING else 1)
   record = _record(
@@ -162,10 +166,11 @@ def measure(system, problem, settings, init, num_burnin, num_results,
       accept=np.mean(accept) if accept else None, ess=ess,
       trajectories=chains * num_results * k)
   notes = []
-  if system == "limit":
+  if system in nuts_systems.LIMITS:
     record["leapfrogs_per_step"] = settings.limit_leapfrogs
-    notes.append("raw batched leapfrog loop; a step is "
-                 f"{settings.limit_leapfrogs} leapfrog steps")
+    notes.append("raw batched leapfrog loop"
+                 + (" with the log density" if system == "limit_logp" else "")
+                 + f"; a step is {settings.limit_leapfrogs} leapfrog steps")
   elif system == "unbatched" and chains < batch:
     notes.append(f"one chain at a time; timed {chains} chains, rate per "
                  "chain extrapolated to the batch")

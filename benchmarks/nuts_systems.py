@@ -18,12 +18,16 @@ converts and compiles) and returns a `StepOutcome`:
   autobatched NUTS) in `tf.function(jit_compile=True)`;
 - `tfp_iterative`: `tfp.mcmc.NoUTurnSampler` in `tf.function(jit_compile=True)`;
 - `limit`: a raw batched leapfrog loop in `tf.function(jit_compile=True)`:
-  the most gradients per second the hardware gives at that batch size.
+  the most gradients per second the hardware gives at that batch size;
+- `limit_logp`: the same loop keeping the log density of every leapfrog
+  too, as NUTS needs it (XLA drops it from `limit`): the most a NUTS
+  kernel can reach.
 
 Stan is different (one chain per process, warm-up and sampling in one call),
 so `Stan` has `run(num_results, num_warmup)` instead of `step`.
 """
 import collections
+import functools
 import re
 import time
 
@@ -37,7 +41,8 @@ from nuts import tree
 
 OUR_BACKENDS = ("pc:xla", "pc:graph", "local:eager", "local:eager_xla")
 TRACEABLE = ("pc:xla", "pc:graph")
-PEERS = ("unbatched", "tfp_reference", "tfp_iterative", "stan", "limit")
+LIMITS = ("limit", "limit_logp")
+PEERS = ("unbatched", "tfp_reference", "tfp_iterative", "stan") + LIMITS
 SYSTEMS = OUR_BACKENDS + PEERS
 # Systems that run several trajectories per step (trajectory fusion); the
 # others are measured at num_trajectories_per_step = 1 only.
@@ -219,9 +224,11 @@ class TfpIterative(_KernelChains):
 
 
 class Limit:
-  """`limit_leapfrogs` batched leapfrog steps per call, nothing else."""
+  """`limit_leapfrogs` batched leapfrog steps per call, nothing else; with
+  `keep_log_prob`, the log density of every leapfrog is summed and
+  returned, so that XLA computes it (otherwise it drops it as unused)."""
 
-  def __init__(self, problem, settings, init):
+  def __init__(self, problem, settings, init, keep_log_prob=False):
     n = settings.limit_leapfrogs
     eps = settings.step_size
 
@@ -229,15 +236,18 @@ class Limit:
     def leapfrogs(q, grad, seed):
       p = tf.random.stateless_normal(tf.shape(q), seed, dtype=q.dtype)
 
-      def body(k, q, p, grad):
+      def body(k, q, p, grad, total):
         p = p + 0.5 * eps * grad
         q = q + eps * p
-        _, grad = value_and_gradient(problem.target_log_prob, q)
-        return k + 1, q, p + 0.5 * eps * grad, grad
+        logp, grad = value_and_gradient(problem.target_log_prob, q)
+        if keep_log_prob:
+          total += logp
+        return k + 1, q, p + 0.5 * eps * grad, grad, total
 
-      _, q, _, grad = tf.while_loop(lambda k, *_: k < n, body,
-                                    (tf.constant(0), q, p, grad))
-      return q, grad
+      _, q, _, grad, total = tf.while_loop(
+          lambda k, *_: k < n, body,
+          (tf.constant(0), q, p, grad, tf.zeros(tf.shape(q)[:1], q.dtype)))
+      return q, grad, total
 
     self._leapfrogs = leapfrogs
     self._settings = settings
@@ -247,7 +257,8 @@ class Limit:
     self.computed_is_estimate = False
 
   def step(self, i):
-    self._carry = self._leapfrogs(*self._carry, _seed(self._settings, i))
+    q, grad, _ = self._leapfrogs(*self._carry, _seed(self._settings, i))
+    self._carry = q, grad
     grads = self.chains_run * self._settings.limit_leapfrogs
     return StepOutcome(self._carry[0].numpy(), grads, grads, None)
 
@@ -257,7 +268,8 @@ def make_stepper(system, problem, settings, init):
   if system in OUR_BACKENDS:
     return Ours(problem, settings, init, system)
   makers = {"unbatched": Unbatched, "tfp_reference": TfpReference,
-            "tfp_iterative": TfpIterative, "limit": Limit}
+            "tfp_iterative": TfpIterative, "limit": Limit,
+            "limit_logp": functools.partial(Limit, keep_log_prob=True)}
   if system not in makers:
     raise ValueError(f"unknown system {system!r}; systems: {list(SYSTEMS)}")
   return makers[system](problem, settings, init)
