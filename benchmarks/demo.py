@@ -13,7 +13,8 @@ points; `benchmarks/nuts_problems.py`) with
   autobatched NUTS), XLA;
 - `tfp_iterative`: `tfp.mcmc.NoUTurnSampler`, XLA;
 - `limit`: a raw batched leapfrog loop, the most gradients/s the machine
-  gives at that number of chains,
+  gives at that number of chains, and `limit_logp`, the same keeping the
+  log density of every leapfrog as NUTS must,
 
 at 4, 16 and 64 chains, all from the same start with the same step size,
 each kernel that can fuse trajectories (ours and TFP's reference) also with
