@@ -104,12 +104,13 @@ _COLOURS = {"pc:xla": "C0", "pc:graph": "C1", "local:eager": "C2",
             "local:eager_xla": "C3", "unbatched": "C4",
             "tfp_reference": "C5", "tfp_iterative": "C6", "stan": "C7",
             "limit": "black", "limit_logp": "grey"}
+_LIMITS = ("limit", "limit_logp")   # nuts_systems.LIMITS, without its imports
 
 
 def _style(record):
   fused = record.get("num_trajectories_per_step", 1) > 1
   return {"color": _COLOURS.get(record["system"], "C8"),
-          "linestyle": ("-." if record["system"].startswith("limit") else
+          "linestyle": ("-." if record["system"] in _LIMITS else
                         ":" if record["system"] in ("stan", "unbatched") else
                         "--" if fused else "-"),
           "marker": "s" if fused else "o"}
@@ -135,8 +136,7 @@ def plot(records, path):
       style = _style(rs[0])
       ax_rate.plot(sizes, [r["grads_per_sec"] for r in rs], label=name,
                    **style)
-      if rs[0]["system"] not in ("limit", "limit_logp", "stan",
-                                 "unbatched"):
+      if rs[0]["system"] not in _LIMITS + ("stan", "unbatched"):
         ax_util.plot(sizes, [r["utilization"] for r in rs], label=name,
                      **style)
     ax_rate.set_xscale("log", base=2)
