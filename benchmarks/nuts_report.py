@@ -6,6 +6,7 @@ system) and `plot` (the paper's Fig. 6 and Fig. 7 from the JSON records).
 """
 import os
 
+from benchmarks import nuts_systems
 from benchmarks import programs as bench
 
 BASELINE = "pc:xla"
@@ -104,13 +105,12 @@ _COLOURS = {"pc:xla": "C0", "pc:graph": "C1", "local:eager": "C2",
             "local:eager_xla": "C3", "unbatched": "C4",
             "tfp_reference": "C5", "tfp_iterative": "C6", "stan": "C7",
             "limit": "black", "limit_logp": "grey"}
-_LIMITS = ("limit", "limit_logp")   # nuts_systems.LIMITS, without its imports
 
 
 def _style(record):
   fused = record.get("num_trajectories_per_step", 1) > 1
   return {"color": _COLOURS.get(record["system"], "C8"),
-          "linestyle": ("-." if record["system"] in _LIMITS else
+          "linestyle": ("-." if record["system"] in nuts_systems.LIMITS else
                         ":" if record["system"] in ("stan", "unbatched") else
                         "--" if fused else "-"),
           "marker": "s" if fused else "o"}
@@ -136,7 +136,7 @@ def plot(records, path):
       style = _style(rs[0])
       ax_rate.plot(sizes, [r["grads_per_sec"] for r in rs], label=name,
                    **style)
-      if rs[0]["system"] not in _LIMITS + ("stan", "unbatched"):
+      if rs[0]["system"] not in nuts_systems.LIMITS + ("stan", "unbatched"):
         ax_util.plot(sizes, [r["utilization"] for r in rs], label=name,
                      **style)
     ax_rate.set_xscale("log", base=2)

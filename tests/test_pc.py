@@ -321,8 +321,9 @@ def test_xla_runs_the_model_on_its_members_gathered_into_buckets():
 def test_model_outputs_stop_xla_constant_inference_at_no_cost():
   # pc:xla passes a model call's outputs through this barrier, so that
   # TF's lowering to XLA does not evaluate the model on the host while it
-  # tries to prove later branch inputs constant (86 s -> 37 s for the
-  # first call of a 64-chain logistic-regression NUTS step).
+  # tries to prove later branch inputs constant (76 s -> 33 s for the
+  # first call of a 64-chain logistic-regression NUTS step in
+  # benchmarks.nuts).
   # A reshape needs its shape proved constant. Here the shape comes out
   # of a conditional whose branches agree, which the proof sees through;
   # through the barrier it fails.
