@@ -8,7 +8,11 @@ copies it: with a hundred small variables a VM step ran a hundred copy
 kernels, which cost more than the block's own work at small batch sizes.
 Packed, a step copies a few wide rows instead (one per dtype): the same
 bytes, a few kernels. Reading a variable is a static column slice, which XLA
-fuses into the reader.
+fuses into the reader. A file of more than `fusible.MAX_FUSED_OPERANDS`
+leaves is laid out in chunks of at most that many columns' worth of
+leaves, padded to one width, and packed as a `fusible.stack` of chunks, so
+that writing a block's registers back is one kernel, not one per register
+plus a copy (the padding columns are never read).
 
 Only integer and boolean leaves are packed (the pc, stack pointers, loop
 counters, flags: most of the leaves, and tiny). Floating-point registers
@@ -30,6 +34,7 @@ import tensorflow as tf
 
 from tfp_autobatch import errors
 from tfp_autobatch.runtime import _xla
+from tfp_autobatch.runtime import fusible
 
 _Slot = collections.namedtuple("_Slot", ["dtype", "width", "event_shape"])
 
@@ -60,6 +65,23 @@ class RegisterFile:
       width = int(np.prod(event_shape, dtype=np.int64))
       self._slots.append(_Slot(leaf.dtype, width, event_shape))
       self.widths[key] = self.widths.get(key, 0) + width
+    self._chunks = {key: self._chunk([slot.width for slot in self._slots
+                                      if slot is not None
+                                      and slot.dtype.name == key])
+                    for key in self.widths}
+
+  @staticmethod
+  def _chunk(widths):
+    """`(chunks, chunk width)`: the leaves (their widths, in order) in
+    chunks of at most `fusible.MAX_FUSED_OPERANDS` - 1, each padded to the
+    widest, so that a file is a `fusible.stack` of chunks, each one
+    concatenation of at most `MAX_FUSED_OPERANDS` operands with its padding.
+    A file of few leaves is one chunk with no padding."""
+    if len(widths) <= fusible.MAX_FUSED_OPERANDS:
+      return [widths], sum(widths)
+    size = fusible.MAX_FUSED_OPERANDS - 1
+    chunks = [widths[i:i + size] for i in range(0, len(widths), size)]
+    return chunks, max(sum(c) for c in chunks)
 
   def pack(self, nest):
     """`(files, loose)`: {dtype name: [Z, width]} and the unpacked leaves."""
@@ -72,8 +94,22 @@ class RegisterFile:
       else:
         columns[slot.dtype.name].append(tf.reshape(
             leaf, [-1, slot.width]))
-    files = {key: (cols[0] if len(cols) == 1 else tf.concat(cols, axis=1))
-             for key, cols in columns.items()}
+    files = {}
+    for key, cols in columns.items():
+      chunks, width = self._chunks[key]
+      if len(chunks) == 1:
+        files[key] = cols[0] if len(cols) == 1 else tf.concat(cols, axis=1)
+        continue
+      cols = iter(cols)
+      pieces = []
+      for chunk in chunks:
+        piece = [next(cols) for _ in chunk]
+        if sum(chunk) < width:
+          piece.append(tf.zeros([tf.shape(piece[0])[0], width - sum(chunk)],
+                                piece[0].dtype))
+        pieces.append(tf.concat(piece, axis=1))
+      files[key] = tf.reshape(fusible.stack(pieces, axis=1),
+                              [-1, len(chunks) * width])
     return files, loose
 
   def unpack(self, files, loose):
@@ -82,10 +118,16 @@ class RegisterFile:
     # first call's compilation) a few ops each, hundreds of times.
     columns = {}
     for key, file in files.items():
-      widths = [slot.width for slot in self._slots
-                if slot is not None and slot.dtype.name == key]
-      columns[key] = iter(tf.split(file, widths, axis=1)
-                          if len(widths) > 1 else [file])
+      chunks, width = self._chunks[key]
+      sizes, padding = [], []
+      for chunk in chunks:
+        sizes += chunk
+        padding += [False] * len(chunk)
+        if len(chunks) > 1 and sum(chunk) < width:
+          sizes.append(width - sum(chunk))
+          padding.append(True)
+      parts = tf.split(file, sizes, axis=1) if len(sizes) > 1 else [file]
+      columns[key] = iter([p for p, pad in zip(parts, padding) if not pad])
     loose = iter(loose)
     leaves = []
     for slot in self._slots:
@@ -201,7 +243,7 @@ class RegisterBanks:
       pad = self.capacity[key] - len(index)
       filler = tf.zeros_like(old_leaves[self._slots.index((key, 0))])
       packed[key] = (tf.constant(index + [self.sizes[key]] * pad, tf.int32),
-                     tf.stack(values + [filler] * pad))
+                     fusible.stack(values + [filler] * pad))
     return packed
 
   def apply(self, banks, writes):

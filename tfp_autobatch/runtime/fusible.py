@@ -1,0 +1,46 @@
+"""Stacking and concatenation that XLA on CPU fuses into one kernel.
+
+XLA's CPU compiler fuses a concatenation with the ops that compute its
+operands only if it has at most `MAX_FUSED_OPERANDS` operands; a longer one
+runs as a kernel per operand, then a copy kernel. The program-counter VM
+builds long ones every step: a block's register writes, stacked per bank,
+and its integer and boolean registers, packed into a file per dtype. With
+tiny tensors (one chain) each kernel costs more than its work, so a block of
+NUTS ran dozens of one-row kernels to assemble what it returns.
+
+`stack` builds a long stack as a tree of stacks of at most
+`MAX_FUSED_OPERANDS`, each level along its own axis (so XLA's simplifier,
+which merges a concatenation of concatenations along one axis, keeps the
+tree), and the whole tree fuses into one kernel with the operands'
+producers.
+"""
+import tensorflow as tf
+
+MAX_FUSED_OPERANDS = 8
+
+
+def stack(values, axis=0):
+  """`tf.stack(values, axis)` of equally shaped tensors, as a tree of stacks
+  of at most `MAX_FUSED_OPERANDS` (zero-padded: the padding is sliced off)."""
+  n = len(values)
+  if n <= MAX_FUSED_OPERANDS:
+    return tf.stack(values, axis)
+  width = MAX_FUSED_OPERANDS
+  groups = [list(values[i:i + width]) for i in range(0, n, width)]
+  groups[-1] += [tf.zeros_like(values[0])] * (width - len(groups[-1]))
+  # [..., G, width, ...]: `width` at `axis` + 1, the groups at `axis`.
+  tree = stack([tf.stack(g, axis) for g in groups], axis)
+  shape = tf.shape(tree)
+  merged = tf.concat([shape[:axis], [shape[axis] * width], shape[axis + 2:]],
+                     0)
+  flat = tf.reshape(tree, merged)
+  # Static shapes survive the reshape where they are known.
+  static = values[0].shape
+  if static.rank is not None:
+    flat = tf.ensure_shape(
+        flat, static[:axis].concatenate([len(groups) * width])
+        .concatenate(static[axis:]))
+  begin = [0] * (flat.shape.rank or 0)
+  size = [-1] * len(begin)
+  size[axis] = n
+  return tf.slice(flat, begin, size)
