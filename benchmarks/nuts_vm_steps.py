@@ -9,7 +9,8 @@ takes the program-counter VM apart: for one fixed transition (same state,
 same seed, so the same work every time) it reports the VM steps the
 transition takes (blocks executed, from the backend's run statistics), the
 leapfrog steps it computes, and the fastest and median time of the
-transition traced in `tf.function`, hence microseconds per VM step. With
+transition traced in `tf.function` after `--warmup` untimed ones (XLA
+compiled kernels start slow), hence microseconds per VM step. With
 `--num_data` small, the logistic regression's gradient is nearly free and
 what remains is the VM's own cost.
 """
@@ -32,6 +33,9 @@ flags.DEFINE_list("batch_sizes", ["1", "64"], "Numbers of chains.")
 flags.DEFINE_integer("num_trajectories_per_step", 1,
                      "Trajectories fused into one transition.")
 flags.DEFINE_integer("repeats", 25, "Timed transitions.")
+flags.DEFINE_integer("warmup", 10,
+                     "Untimed transitions after the first call (XLA-compiled "
+                     "kernels run slower for their first few calls).")
 flags.DEFINE_integer("num_dims", None, "State dimension (default 100).")
 flags.DEFINE_integer("num_data", None,
                      "Logistic regression data points (default 10,000).")
@@ -39,7 +43,7 @@ flags.DEFINE_string("backend", "pc:xla", "A pc backend.")
 flags.DEFINE_string("output", None, "JSON file for the results.")
 
 
-def measure(problem, chains, num_trajectories, repeats, backend):
+def measure(problem, chains, num_trajectories, repeats, backend, warmup=10):
   """One record: VM steps and timings of one fixed transition."""
   kernel = nuts.NoUTurnSampler(
       problem.target_log_prob, problem.step_size, backend=backend,
@@ -52,6 +56,8 @@ def measure(problem, chains, num_trajectories, repeats, backend):
   _, out = step(state, results, seed=seed)
   out.target_log_prob.numpy()
   first = time.perf_counter() - start
+  for _ in range(warmup):
+    step(state, results, seed=seed)[1].target_log_prob.numpy()
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
@@ -62,7 +68,7 @@ def measure(problem, chains, num_trajectories, repeats, backend):
   return {
       "problem": problem.name, "backend": backend, "batch_size": chains,
       "num_trajectories_per_step": num_trajectories,
-      "num_dims": problem.num_dims,
+      "num_dims": problem.num_dims, "warmup": warmup,
       "vm_steps": steps,
       "leapfrogs": int(np.sum(out.leapfrogs_taken)),
       "first_call_sec": first,
@@ -79,7 +85,7 @@ def main(argv):
   records = []
   for chains in [int(b) for b in FLAGS.batch_sizes]:
     r = measure(problem, chains, FLAGS.num_trajectories_per_step,
-                FLAGS.repeats, FLAGS.backend)
+                FLAGS.repeats, FLAGS.backend, FLAGS.warmup)
     records.append(r)
     print(f"{r['problem']} d={r['num_dims']} chains={chains} "
           f"k={r['num_trajectories_per_step']}: {r['vm_steps']} VM steps, "

@@ -319,7 +319,8 @@ def test_vm_steps_benchmark_counts_steps_of_one_fixed_transition():
   from benchmarks import nuts_vm_steps
   problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
   record = nuts_vm_steps.measure(problem, chains=2, num_trajectories=1,
-                                 repeats=2, backend="pc:graph")
+                                 repeats=2, backend="pc:graph", warmup=1)
+  assert record["warmup"] == 1
   assert record["vm_steps"] > 0 and record["leapfrogs"] > 0
   # Each leapfrog is in a leaf step, and one leaf step serves both chains.
   assert record["vm_steps"] >= record["leapfrogs"] / 2
