@@ -43,7 +43,4 @@ def stack(values, axis=0):
     flat = tf.ensure_shape(
         flat, static[:axis].concatenate([len(groups) * width])
         .concatenate(static[axis:]))
-  begin = [0] * (flat.shape.rank or 0)
-  size = [-1] * len(begin)
-  size[axis] = n
-  return tf.slice(flat, begin, size)
+  return flat[(slice(None),) * axis + (slice(0, n),)]
