@@ -73,16 +73,18 @@ def _pushed(ops):
           if isinstance(ir2.unguarded(op), ir2.Push)}
 
 
-def _merged(block, cond, returning, other, when):
-  """`block` running `returning` for members whose `cond` is `when` and
-  `other` for the rest."""
+def _merged(block, returning, returning_guard, other, other_guard):
+  """`block` running `returning` for the members of `returning_guard` and
+  `other` for those of `other_guard` (guards are `(cond, when)`: the
+  members whose `cond` is `when`); the others return."""
   ops = (block.ops
-         + tuple(ir2.Guarded(cond, when, op) for op in returning.ops)
-         + tuple(ir2.Guarded(cond, not when, op) for op in other.ops))
+         + tuple(ir2.Guarded(*returning_guard, op) for op in returning.ops)
+         + tuple(ir2.Guarded(*other_guard, op) for op in other.ops))
   if isinstance(other.terminator, ir2.Return):
     terminator = ir2.Return()
   else:
-    terminator = ir2.ReturnOr(cond, when, other.terminator)
+    cond, when = other_guard
+    terminator = ir2.ReturnOr(cond, not when, other.terminator)
   return ir2.Block(block.label, ops, terminator)
 
 
@@ -121,7 +123,8 @@ def _merge_once(block, by_label, merged):
       continue
     merged.update((ret.label, other.label))
     if returned is None:
-      return _merged(block, t.cond, ret, other, when), ()
+      return _merged(block, ret, (t.cond, when), other,
+                     (t.cond, not when)), ()
     # Down a chain: `goes_on` (neither test returned) guards `other` and,
     # false, makes the block return; `ret` runs for `returns` alone (not
     # for the members that returned at the test before).
@@ -131,12 +134,7 @@ def _merge_once(block, by_label, merged):
         (returns, goes_on), _chain_guards(returned, returned_when, t.cond,
                                           when), (returned, t.cond))
     with_guards = dataclasses.replace(block, ops=block.ops + (guards,))
-    chained = _merged(with_guards, goes_on, ret, other, False)
-    n = len(with_guards.ops)
-    ops = (chained.ops[:n]
-           + tuple(ir2.Guarded(returns, True, op) for op in ret.ops)
-           + chained.ops[n + len(ret.ops):])
-    return (ir2.Block(block.label, ops, chained.terminator),
+    return (_merged(with_guards, ret, (returns, True), other, (goes_on, True)),
             (returns, goes_on))
   return None, ()
 
