@@ -72,16 +72,17 @@ class RegisterFile:
 
   @staticmethod
   def _chunk(widths):
-    """`(chunks, chunk width)`: the leaves (their widths, in order) in
-    chunks of at most `fusible.MAX_FUSED_OPERANDS` - 1, each padded to the
-    widest, so that a file is a `fusible.stack` of chunks, each one
-    concatenation of at most `MAX_FUSED_OPERANDS` operands with its padding.
-    A file of few leaves is one chunk with no padding."""
+    """`[(chunk, padding)]`: the leaves (their widths, in order) in chunks
+    of at most `fusible.MAX_FUSED_OPERANDS` - 1, each padded (`padding`
+    columns) to the widest, so that a file is a `fusible.stack` of chunks,
+    each one concatenation of at most `MAX_FUSED_OPERANDS` operands with
+    its padding. A file of few leaves is one chunk with no padding."""
     if len(widths) <= fusible.MAX_FUSED_OPERANDS:
-      return [widths], sum(widths)
+      return [(widths, 0)]
     size = fusible.MAX_FUSED_OPERANDS - 1
     chunks = [widths[i:i + size] for i in range(0, len(widths), size)]
-    return chunks, max(sum(c) for c in chunks)
+    width = max(sum(c) for c in chunks)
+    return [(c, width - sum(c)) for c in chunks]
 
   def pack(self, nest):
     """`(files, loose)`: {dtype name: [Z, width]} and the unpacked leaves."""
@@ -96,20 +97,18 @@ class RegisterFile:
             leaf, [-1, slot.width]))
     files = {}
     for key, cols in columns.items():
-      chunks, width = self._chunks[key]
-      if len(chunks) == 1:
-        files[key] = cols[0] if len(cols) == 1 else tf.concat(cols, axis=1)
-        continue
       cols = iter(cols)
       pieces = []
-      for chunk in chunks:
+      for chunk, padding in self._chunks[key]:
         piece = [next(cols) for _ in chunk]
-        if sum(chunk) < width:
-          piece.append(tf.zeros([tf.shape(piece[0])[0], width - sum(chunk)],
+        if padding:
+          piece.append(tf.zeros([tf.shape(piece[0])[0], padding],
                                 piece[0].dtype))
-        pieces.append(tf.concat(piece, axis=1))
-      files[key] = tf.reshape(fusible.stack(pieces, axis=1),
-                              [-1, len(chunks) * width])
+        pieces.append(piece[0] if len(piece) == 1
+                      else tf.concat(piece, axis=1))
+      files[key] = (pieces[0] if len(pieces) == 1 else tf.reshape(
+          fusible.stack(pieces, axis=1),
+          [-1, sum(sum(c) + p for c, p in self._chunks[key])]))
     return files, loose
 
   def unpack(self, files, loose):
@@ -118,16 +117,13 @@ class RegisterFile:
     # first call's compilation) a few ops each, hundreds of times.
     columns = {}
     for key, file in files.items():
-      chunks, width = self._chunks[key]
-      sizes, padding = [], []
-      for chunk in chunks:
-        sizes += chunk
-        padding += [False] * len(chunk)
-        if len(chunks) > 1 and sum(chunk) < width:
-          sizes.append(width - sum(chunk))
-          padding.append(True)
+      sizes, is_padding = [], []
+      for chunk, padding in self._chunks[key]:
+        sizes += chunk + ([padding] if padding else [])
+        is_padding += [False] * len(chunk) + ([True] if padding else [])
       parts = tf.split(file, sizes, axis=1) if len(sizes) > 1 else [file]
-      columns[key] = iter([p for p, pad in zip(parts, padding) if not pad])
+      columns[key] = iter([p for p, pad in zip(parts, is_padding)
+                           if not pad])
     loose = iter(loose)
     leaves = []
     for slot in self._slots:
