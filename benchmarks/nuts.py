@@ -9,6 +9,9 @@ Usage:
   python -m benchmarks.nuts --problem=correlated_gaussian \
       --systems=pc:xla,local:eager_xla --num_trajectories_per_step=1,10 \
       --batch_sizes=1,4,16,64 ...                        # Fig. 7
+  python -m benchmarks.nuts --problem=correlated_gaussian \
+      --systems=pc:xla,tfp_reference,tfp_iterative --steps_per_call=10 \
+      --num_burnin=20 --num_results=20 ...     # as sample_chain runs them
   python -m benchmarks.nuts --from_json=benchmarks/results/nuts.json \
       --plot=benchmarks/results/nuts.png        # re-plot, no run
 
@@ -32,7 +35,20 @@ logistic-regression transition of `pc:xla` took 26, 15, 8, 8, 6 ms on its
 first calls and 4.5-5 ms from about the eighth (TFP's reference kernel: 15
 then 9 ms; with one intra-op thread the slow start was 2 calls long; the
 cause is not known).  With 2 burn-in steps the timed steps were mostly
-this slow start.  Recorded:
+this slow start.
+
+By default every step is one call from Python of a `tf.function` around
+the kernel's `one_step`, which pays the cost of entering a compiled
+function each step (about 0.6 ms on this machine for a NUTS state).  With
+`--steps_per_call=n` the kernels (ours on `pc:xla` and `pc:graph`, TFP's
+two) run n steps in one `tf.while_loop` inside one `tf.function` (with
+XLA, except `pc:graph`), as `tfp.mcmc.sample_chain` runs them in a user's
+`tf.function`; the first call, the burn-in and the timed steps are then
+whole calls of n steps (n must divide `--num_burnin` and
+`--num_results`).  The steps and their seeds are the same either way.
+Eager systems (`local:*`, `unbatched`) still take one step per call (their
+records say so), `limit` one call of `--limit_leapfrogs` leapfrogs, and
+Stan its own run.  Recorded:
 
 - `grads_per_sec`: gradients the chains' trajectories used (sum of their
   leapfrog steps, as in the paper), summed over chains, per second;
@@ -48,6 +64,7 @@ this slow start.  Recorded:
   `tfp.mcmc.effective_sample_size` of the kept states, cross-chain when
   there are several chains, over the timed seconds; noisy with few
   results).
+- `steps_per_call`: the steps the system ran per call;
 - `unbatched` runs its first `--unbatched_cap` chains one after the other,
   Stan one chain (its per-chain rate stands for every batch size, since
   Stan runs one chain per process): their rates are per chain and
@@ -124,31 +141,33 @@ def _inner_bar(total, enabled, desc):
 def measure(system, problem, settings, init, num_burnin, num_results,
             progress=False):
   """Runs `system` on chains starting at `init`; returns its record."""
-  warm = max(num_burnin, 1)   # the first call is the first burn-in step
+  # The first call's steps are the first burn-in steps.
+  warm = max(num_burnin, settings.steps_per_call)
   bar = _inner_bar(warm + num_results, progress, f"{system} x{len(init)}")
   start = time.perf_counter()
   stepper = nuts_systems.make_stepper(system, problem, settings, init)
-  stepper.step(0)
+  per_call = stepper.steps_per_call
+
+  def calls(first, last):
+    for i in range(first, last, per_call):
+      outcomes = stepper.run_steps(i, per_call)
+      if bar is not None:
+        bar.update(per_call)
+      yield from outcomes
+
+  list(calls(0, per_call))
   first_call_sec = time.perf_counter() - start
-  if bar is not None:
-    bar.update(1)
   start = time.perf_counter()
-  for i in range(1, warm):
-    stepper.step(i)
-    if bar is not None:
-      bar.update(1)
+  list(calls(per_call, warm))
   burnin_sec = time.perf_counter() - start
   draws, used, computed, accept = [], 0, 0, []
   start = time.perf_counter()
-  for i in range(warm, warm + num_results):
-    out = stepper.step(i)
+  for out in calls(warm, warm + num_results):
     draws.append(out.state)
     used += out.grads_used
     computed += out.grads_computed
     if out.accept_stat is not None:
       accept.append(out.accept_stat)
-    if bar is not None:
-      bar.update(1)
   timed_sec = time.perf_counter() - start
   if bar is not None:
     bar.close()
@@ -165,6 +184,7 @@ def measure(system, problem, settings, init, num_burnin, num_results,
       computed_is_estimate=bool(stepper.computed_is_estimate),
       accept=np.mean(accept) if accept else None, ess=ess,
       trajectories=chains * num_results * k)
+  record["steps_per_call"] = per_call
   notes = []
   if system in nuts_systems.LIMITS:
     record["leapfrogs_per_step"] = settings.limit_leapfrogs
@@ -174,6 +194,8 @@ def measure(system, problem, settings, init, num_burnin, num_results,
   elif system == "unbatched" and chains < batch:
     notes.append(f"one chain at a time; timed {chains} chains, rate per "
                  "chain extrapolated to the batch")
+  if per_call < settings.steps_per_call and system not in nuts_systems.LIMITS:
+    notes.append("runs eagerly: one step per call")
   if record["computed_is_estimate"]:
     notes.append(nuts_systems.COMPUTED_ESTIMATE_NOTE)
   if notes:
@@ -259,8 +281,8 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
                    max_tree_depth=10, unrolled_leapfrog_steps=1,
                    num_dims=None, num_data=None, trace_kernel=True,
                    unbatched_cap=4, limit_leapfrogs=64, stan_num_results=200,
-                   stan_num_warmup=200, max_step_sec=60.0, progress=True,
-                   log=None):
+                   stan_num_warmup=200, max_step_sec=60.0, steps_per_call=1,
+                   progress=True, log=None):
   """Runs the benchmark; returns `(records, skipped)` (see the module doc).
 
   A system that fails or cannot run is skipped with its reason; once a
@@ -276,6 +298,14 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
   if num_results < 1 or num_burnin < 0:
     raise ValueError("--num_results must be at least 1 and --num_burnin at "
                      f"least 0; got {num_results} and {num_burnin}")
+  if steps_per_call < 1 or num_results % steps_per_call or (
+      num_burnin % steps_per_call):
+    raise ValueError(
+        "--steps_per_call must be at least 1 and divide --num_results and "
+        f"--num_burnin; got {steps_per_call}, {num_results} and {num_burnin}")
+  if steps_per_call > 1 and not trace_kernel:
+    raise ValueError("--steps_per_call > 1 runs steps inside a compiled "
+                     "function: it needs --trace_kernel")
   if "stan" in systems and (stan_num_results < 1 or stan_num_warmup < 1):
     raise ValueError(
         "--stan_num_results and --stan_num_warmup must be at least 1 (with "
@@ -308,7 +338,7 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
     settings = nuts_systems.Settings(
         step_size if step_size is not None else problem.step_size,
         max_tree_depth, unrolled_leapfrog_steps, k, seed, trace_kernel,
-        unbatched_cap, limit_leapfrogs)
+        unbatched_cap, limit_leapfrogs, steps_per_call)
     pool = problem.initial_state(max(batch_sizes))
     if bar is not None:
       bar.set_postfix_str(f"{name} {system} k={k}")
@@ -481,6 +511,12 @@ def define_flags(flag_values=None, **defaults):
                        "Untimed warm-up iterations of Stan's chain first "
                        "(adapting its step size and diagonal metric; at "
                        "least 1).", flag_values=fv)
+  flags.DEFINE_integer("steps_per_call", d("steps_per_call", 1),
+                       "MCMC steps per compiled call: with n > 1, the "
+                       "kernels' steps run n at a time in one "
+                       "tf.while_loop inside one tf.function (XLA), as "
+                       "tfp.mcmc.sample_chain runs them; must divide "
+                       "--num_burnin and --num_results.", flag_values=fv)
   flags.DEFINE_float("max_step_sec", d("max_step_sec", 60.0),
                      "Skip a system's larger batches once a step takes "
                      "longer than this.", flag_values=fv)
@@ -516,7 +552,7 @@ def run_from_flags(fv):
       limit_leapfrogs=fv.limit_leapfrogs,
       stan_num_results=fv.stan_num_results,
       stan_num_warmup=fv.stan_num_warmup, max_step_sec=fv.max_step_sec,
-      progress=fv.progress)
+      steps_per_call=fv.steps_per_call, progress=fv.progress)
 
 
 def main(argv):

@@ -81,6 +81,17 @@ def format_details(records):
   return "\n".join(lines)
 
 
+def format_steps_per_call(records):
+  """A line saying which systems ran several steps per compiled call
+  (`--steps_per_call`), or "" when every system ran one per call."""
+  chained = sorted({(r["steps_per_call"], label(r)) for r in records
+                    if r.get("steps_per_call", 1) > 1})
+  if not chained:
+    return ""
+  return "steps per compiled call: " + ", ".join(
+      f"{name} {n}" for n, name in chained) + "; the others one per call"
+
+
 def format_ratios(records, base=BASELINE):
   """`base`'s gradients/s over each other system's, per batch size."""
   by_key = {(r["problem"], r["batch_size"], label(r)): r for r in records}
@@ -198,6 +209,9 @@ def report(records, skipped, machine=None):
     print("Machine: {} ({} usable cores), TF {}, TFP {}, {}".format(
         machine["cpu_model"], machine["usable_cores"], machine["tensorflow"],
         machine["tensorflow_probability"], machine["date"]))
+  mode = format_steps_per_call(records)
+  if mode:
+    print(mode)
   print(format_table(records))
   print()
   print(format_details(records))

@@ -3,7 +3,9 @@ small interface.
 
 Each system is a class built from `(problem, settings, init)` whose
 `step(i)` runs MCMC step `i` for its chains (the first call also traces,
-converts and compiles) and returns a `StepOutcome`:
+converts and compiles) and returns a `StepOutcome`; `run_steps(first, n)`
+runs `steps_per_call` steps in one call (one compiled `tf.while_loop` for
+the kernels when `settings.steps_per_call` > 1) and returns their outcomes:
 
 - ours (`pc:xla`, `pc:graph`, `local:eager`, `local:eager_xla`):
   `nuts.NoUTurnSampler` with that backend; the pc backends' `one_step` runs
@@ -54,7 +56,8 @@ Settings = collections.namedtuple("Settings", [
     "trace_kernel",       # run our pc backends' one_step in tf.function
     "unbatched_cap",      # chains `unbatched` runs
     "limit_leapfrogs",    # leapfrog steps per `limit` call
-])
+    "steps_per_call",     # MCMC steps per compiled call (`run_steps`)
+], defaults=(1,))
 
 StepOutcome = collections.namedtuple("StepOutcome", [
     "state",            # [chains run, d] float32 NumPy
@@ -73,7 +76,9 @@ class SkipSystem(Exception):
 
 
 def _seed(settings, i):
-  return tf.constant([settings.seed, i], tf.int32)
+  """Step `i`'s stateless seed (`i` an int or a scalar tensor)."""
+  return tf.stack([tf.constant(settings.seed, tf.int32),
+                   tf.cast(i, tf.int32)])
 
 
 def value_and_gradient(target_log_prob, q):
@@ -84,17 +89,90 @@ def value_and_gradient(target_log_prob, q):
   return logp, tape.gradient(logp, q)
 
 
-class _KernelChains:
-  """Chains advanced by a `tfp.mcmc` kernel's `one_step`, bootstrapped from
-  `init` on the first step. Subclasses set `kernel`, `_one_step`, `_init`
-  and `_carry = None`."""
+class _Stepper:
+  """A system's steps one Python call at a time: `run_steps` loops `step`.
+  `steps_per_call` is how many MCMC steps one of its calls runs."""
+  steps_per_call = 1
 
-  def _advance(self, **seed):
+  def run_steps(self, first, n):
+    """Steps `first` .. `first + n - 1`, a `StepOutcome` each."""
+    return [self.step(i) for i in range(first, first + n)]
+
+
+class _KernelChains(_Stepper):
+  """Chains advanced by a `tfp.mcmc` kernel's `one_step`, bootstrapped from
+  `init` on the first step.
+
+  `step(i)` calls `one_step` once from Python (through `_one_step`, a
+  `tf.function` or the bare method).  With `settings.steps_per_call` = n >
+  1, `run_steps` runs n steps inside one compiled `tf.function` instead (a
+  `tf.while_loop` around `one_step`, as `tfp.mcmc.sample_chain` runs it),
+  with XLA when `_chain_jit_compile`: the per-call cost of entering a
+  function from Python is paid once per n steps, as a `sample_chain` user
+  pays it.  Both give the same steps with the same seeds.
+
+  Subclasses set `kernel`, `_one_step`, `_init`, `_settings`, `_carry =
+  None` and `_chain_jit_compile`, and define `_seed_args(i)` (the keyword
+  arguments of `one_step` for step `i`, an int or a scalar tensor),
+  `_observe(results)` (a tuple of tensors to keep from each step's kernel
+  results) and `_outcome(state, observed)` (the `StepOutcome` from NumPy
+  values of a step's state and observations).
+  """
+
+  def _start(self):
     if self._carry is None:
       state = tf.constant(self._init)
       self._carry = state, self.kernel.bootstrap_results(state)
-    self._carry = self._one_step(*self._carry, **seed)
     return self._carry
+
+  @property
+  def steps_per_call(self):
+    return self._settings.steps_per_call
+
+  def step(self, i):
+    state, results = self._one_step(*self._start(), **self._seed_args(i))
+    self._carry = state, results
+    return self._outcome(state.numpy(),
+                         [t.numpy() for t in self._observe(results)])
+
+  def run_steps(self, first, n):
+    if self.steps_per_call == 1:
+      return super().run_steps(first, n)
+    if n != self.steps_per_call:
+      raise ValueError(f"this stepper runs {self.steps_per_call} steps per "
+                       f"call; asked for {n}")
+    if getattr(self, "_run_chain", None) is None:
+      self._run_chain = self._chain_function(n)
+    state, results, states, observed = self._run_chain(
+        *self._start(), tf.constant(first, tf.int32))
+    self._carry = state, results
+    states = states.numpy()
+    observed = [t.numpy() for t in observed]
+    return [self._outcome(states[k], [o[k] for o in observed])
+            for k in range(n)]
+
+  def _chain_function(self, n):
+    """`(state, results, first) -> (state, results, states, observed)`:
+    steps `first` .. `first + n - 1` in one compiled call, stacking each
+    step's state and observations."""
+
+    def run(state, results, first):
+      kept = [tf.TensorArray(state.dtype, size=n)] + [
+          tf.TensorArray(t.dtype, size=n) for t in self._observe(results)]
+
+      def body(k, state, results, kept):
+        state, results = self.kernel.one_step(
+            state, results, **self._seed_args(first + k))
+        values = (state,) + tuple(self._observe(results))
+        return (k + 1, state, results,
+                [ta.write(k, v) for ta, v in zip(kept, values)])
+
+      _, state, results, kept = tf.while_loop(
+          lambda k, *_: k < n, body, (tf.constant(0), state, results, kept))
+      stacked = [ta.stack() for ta in kept]
+      return state, results, stacked[0], stacked[1:]
+
+    return tf.function(run, jit_compile=self._chain_jit_compile)
 
 
 class Ours(_KernelChains):
@@ -113,6 +191,9 @@ class Ours(_KernelChains):
     self.traced = backend in TRACEABLE and settings.trace_kernel
     self._one_step = (tf.function(self.kernel.one_step) if self.traced
                       else self.kernel.one_step)
+    # The VM of pc:xla compiles with XLA on its own; a chain of steps is
+    # compiled whole, as the peers' are.
+    self._chain_jit_compile = backend == "pc:xla"
     self._settings = settings
     self._init = init
     self._carry = None
@@ -121,15 +202,27 @@ class Ours(_KernelChains):
     # batched leaf calls), eagerly and inside tf.function alike.
     self.computed_is_estimate = False
 
-  def step(self, i):
-    state, results = self._advance(seed=_seed(self._settings, i))
-    return StepOutcome(
-        state.numpy(), int(np.sum(results.leapfrogs_taken)),
-        int(results.num_grads_computed),
-        np.exp(np.minimum(results.log_accept_ratio.numpy(), 0.)))
+  @property
+  def steps_per_call(self):
+    # The local backends run eagerly: one step per call.
+    return self._settings.steps_per_call if self.traced else 1
+
+  def _seed_args(self, i):
+    return {"seed": _seed(self._settings, i)}
+
+  @staticmethod
+  def _observe(results):
+    return (tf.reduce_sum(results.leapfrogs_taken),
+            results.num_grads_computed, results.log_accept_ratio)
+
+  @staticmethod
+  def _outcome(state, observed):
+    used, computed, log_accept_ratio = observed
+    return StepOutcome(state, int(used), int(computed),
+                       np.exp(np.minimum(log_accept_ratio, 0.)))
 
 
-class Unbatched:
+class Unbatched(_Stepper):
   """Our single-chain NUTS program, run per chain with no batching."""
 
   def __init__(self, problem, settings, init):
@@ -181,20 +274,29 @@ class TfpReference(_KernelChains):
         num_trajectories_per_step=settings.num_trajectories_per_step,
         seed=settings.seed)
     self._one_step = tf.function(self.kernel.one_step, jit_compile=True)
+    self._chain_jit_compile = True
+    self._settings = settings
     self._init = init
     self._carry = None
     self._totals = (0, 0)
     self.chains_run = len(init)
     self.computed_is_estimate = False   # TFP's own count
 
-  def step(self, i):
+  @staticmethod
+  def _seed_args(i):
     del i  # seeded at construction
-    state, results = self._advance()
-    totals = (int(np.sum(results.leapfrogs_taken)),
-              int(np.sum(results.leapfrogs_computed)))
+    return {}
+
+  @staticmethod
+  def _observe(results):
+    return (tf.reduce_sum(results.leapfrogs_taken),
+            tf.reduce_sum(results.leapfrogs_computed))
+
+  def _outcome(self, state, observed):
+    totals = tuple(int(t) for t in observed)
     used, computed = (t - s for t, s in zip(totals, self._totals))
     self._totals = totals
-    return StepOutcome(state.numpy(), used, computed, None)
+    return StepOutcome(state, used, computed, None)
 
 
 class TfpIterative(_KernelChains):
@@ -206,6 +308,7 @@ class TfpIterative(_KernelChains):
         max_tree_depth=settings.max_tree_depth,
         unrolled_leapfrog_steps=settings.unrolled_leapfrog_steps)
     self._one_step = tf.function(self.kernel.one_step, jit_compile=True)
+    self._chain_jit_compile = True
     self._settings = settings
     self._init = init
     self._carry = None
@@ -214,16 +317,22 @@ class TfpIterative(_KernelChains):
     # chains x the longest chain's leapfrogs.
     self.computed_is_estimate = True
 
-  def step(self, i):
-    state, results = self._advance(seed=_seed(self._settings, i))
-    leapfrogs = results.leapfrogs_taken.numpy()
-    return StepOutcome(
-        state.numpy(), int(leapfrogs.sum()),
-        int(leapfrogs.max()) * len(leapfrogs),
-        np.exp(np.minimum(results.log_accept_ratio.numpy(), 0.)))
+  def _seed_args(self, i):
+    return {"seed": _seed(self._settings, i)}
+
+  @staticmethod
+  def _observe(results):
+    return results.leapfrogs_taken, results.log_accept_ratio
+
+  @staticmethod
+  def _outcome(state, observed):
+    leapfrogs, log_accept_ratio = observed
+    return StepOutcome(state, int(leapfrogs.sum()),
+                       int(leapfrogs.max()) * len(leapfrogs),
+                       np.exp(np.minimum(log_accept_ratio, 0.)))
 
 
-class Limit:
+class Limit(_Stepper):
   """`limit_leapfrogs` batched leapfrog steps per call, nothing else; with
   `keep_log_prob`, the log density of every leapfrog is summed and
   returned, so that XLA computes it (otherwise it drops it as unused)."""

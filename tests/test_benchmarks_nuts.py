@@ -4,6 +4,7 @@ The smoke test runs every system once at a tiny size and checks the JSON;
 no timing is asserted.  The problem tests compare the targets with NumPy
 (deterministic: false-failure rate 0).
 """
+import functools
 import json
 import math
 import os
@@ -147,6 +148,70 @@ def test_benchmark_runs_every_system(tmp_path):
     assert stan["num_warmup"] > 0 and stan["step_size"] != 1.0, stan
     assert stan["timed_sec"] <= stan["wall_sec"], stan
   assert os.path.getsize(plot_path) > 0
+
+
+@pytest.mark.slow  # pc:xla compiled twice at a tiny size: ~1 min
+def test_steps_in_one_call_are_the_steps_of_one_call_each():
+  # `--steps_per_call`: a kernel's steps in one compiled tf.while_loop give
+  # the same draws and counts as one call per step, with the same seeds.
+  problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
+  init = problem.initial_state(2)
+  for system in ("pc:xla", "tfp_iterative"):
+    outcomes = {}
+    for per_call in (1, 3):
+      settings = nuts_systems.Settings(
+          step_size=0.1, max_tree_depth=6, unrolled_leapfrog_steps=1,
+          num_trajectories_per_step=1, seed=0, trace_kernel=True,
+          unbatched_cap=1, limit_leapfrogs=1, steps_per_call=per_call)
+      stepper = nuts_systems.make_stepper(system, problem, settings, init)
+      assert stepper.steps_per_call == per_call
+      outcomes[per_call] = [
+          out for first in range(0, 6, per_call)
+          for out in stepper.run_steps(first, per_call)]
+      if per_call == 1:
+        continue
+      with pytest.raises(ValueError, match="3 steps per call"):
+        stepper.run_steps(6, 1)
+    one, chained = outcomes[1], outcomes[3]
+    assert len(one) == len(chained) == 6
+    for a, b in zip(one, chained):
+      np.testing.assert_allclose(a.state, b.state, rtol=1e-5, atol=1e-6)
+      assert (a.grads_used, a.grads_computed) == (
+          b.grads_used, b.grads_computed), system
+      np.testing.assert_allclose(a.accept_stat, b.accept_stat, rtol=1e-5)
+    # The chains moved.
+    assert not np.allclose(one[0].state, one[5].state)
+
+
+def test_steps_per_call_must_divide_the_steps_and_needs_tracing():
+  run = functools.partial(nuts_bench.run_benchmarks, systems=("limit",),
+                          batch_sizes=(1,), progress=False, **TINY)
+  with pytest.raises(ValueError, match="divide --num_results"):
+    run(num_results=5, num_burnin=4, steps_per_call=2)
+  with pytest.raises(ValueError, match="divide --num_results"):
+    run(num_results=4, num_burnin=3, steps_per_call=2)
+  with pytest.raises(ValueError, match="needs --trace_kernel"):
+    run(num_results=4, num_burnin=4, steps_per_call=2, trace_kernel=False)
+
+
+def test_a_benchmark_with_steps_per_call_records_them():
+  # Eager systems and the limits run one step per call and say so.
+  records, skipped = nuts_bench.run_benchmarks(
+      systems=("tfp_iterative", "local:eager", "limit"), batch_sizes=(2,),
+      num_results=4, num_burnin=2, steps_per_call=2, limit_leapfrogs=2,
+      progress=False, **TINY)
+  assert not skipped
+  by_system = {r["system"]: r for r in records}
+  assert by_system["tfp_iterative"]["steps_per_call"] == 2
+  assert by_system["local:eager"]["steps_per_call"] == 1
+  assert "one step per call" in by_system["local:eager"]["note"]
+  assert by_system["limit"]["steps_per_call"] == 1
+  for r in records:
+    assert r["num_results"] == 4 and r["grads_used"] > 0, r
+  assert nuts_report.format_steps_per_call(records) == (
+      "steps per compiled call: tfp_iterative 2; the others one per call")
+  assert nuts_report.format_steps_per_call(
+      [dict(r, steps_per_call=1) for r in records]) == ""
 
 
 def test_limit_logp_computes_the_log_density_that_limit_leaves_out():
