@@ -43,8 +43,9 @@ NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
     # leapfrogs_taken) over the gradients the batch computed, counted by the
     # backend (eagerly and inside tf.function alike; also
     # `kernel.last_run_stats` when run eagerly): the rows its batched leaf
-    # calls computed on the pc backends (all chains per call under pc:graph
-    # and pc:eager, the members gathered into a few sizes under pc:xla),
+    # calls computed on the pc backends (the chains that reach each call
+    # under pc:graph and pc:eager, those gathered into a few sizes under
+    # pc:xla),
     # chains x batched leaf calls, an upper bound, on the local ones.
     "num_grads_computed",     # [] int32
     "gradient_utilization",   # [] float
@@ -288,8 +289,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     new_parts, new_grads = unflat(out.q), unflat(out.grad)
     useful = tf.reduce_sum(out.num_leapfrogs)
     # The backend counts the gradients it computed. The pc runtimes count
-    # the rows their batched gradient calls computed (under XLA a call runs
-    # on its block's members gathered into a few fixed sizes): eagerly in
+    # the rows their batched gradient calls computed (a call runs on its
+    # block's members gathered; under XLA into a few fixed sizes): eagerly in
     # their RunStats, traced as tensors of the caller's graph. The local
     # runtimes (eager only) call it on the gathered active chains, and
     # chains x calls is an upper bound.

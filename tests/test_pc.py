@@ -302,17 +302,19 @@ def test_callee_entry_calling_the_model_keeps_its_step():
   np.testing.assert_array_equal(got, [0, 2, 20])
 
 
-def test_xla_runs_the_model_on_its_members_gathered_into_buckets():
+def test_the_model_runs_on_its_members_gathered():
   # model_first(n) calls the model once per level of recursion: with n =
-  # 0..15 the k-th call has 16 - k members. pc:graph computes all 16 rows
-  # each time; pc:xla gathers the members into the smallest of 16, 8, 4, 2
-  # rows that holds them, and the results do not change.
+  # 0..15 the k-th call has 16 - k members. pc:graph and pc:eager compute
+  # exactly the members' rows (they used to compute all 16 rows each
+  # time); pc:xla gathers the members into the smallest of 16, 8, 4, 2
+  # rows that holds them; the results do not change.
   n = np.arange(16, dtype=np.int32)
   want = n * (n + 1)
-  np.testing.assert_array_equal(model_first(n, backend="pc:graph"), want)
-  assert model_first.last_stats.batched_primitive_rows == 16 * 16
-  np.testing.assert_array_equal(model_first(n, backend="pc:xla"), want)
   members = 16 - np.arange(16)
+  for backend in ("pc:graph", "pc:eager"):
+    np.testing.assert_array_equal(model_first(n, backend=backend), want)
+    assert model_first.last_stats.batched_primitive_rows == sum(members)
+  np.testing.assert_array_equal(model_first(n, backend="pc:xla"), want)
   buckets = [min(b for b in (16, 8, 4, 2) if b >= m) for m in members]
   assert buckets[:9] == [16] * 8 + [8]
   assert model_first.last_stats.batched_primitive_rows == sum(buckets)
@@ -589,19 +591,20 @@ def test_early_return_after_the_model_runs_the_next_model_call_guarded():
   guarded = ir2.Block("b", tuple(op for op in after.blocks[0].ops
                                  if isinstance(op, ir2.Guarded)), ir2.Return())
   assert ir2.calls_batched_primitive(guarded)
-  # Rows the model computed: pc:eager runs each call on every row; pc:xla
-  # runs the guarded call on its 2 members only (a bucket of 4 / 2 rows).
+  # Rows the model computed: every backend runs the guarded call on its 2
+  # members only (under XLA a bucket of 4 / 2 rows), after the first call
+  # on all 4.
   rows = {}
-  for backend in ("pc:eager", "pc:xla"):
+  for backend in ("pc:eager", "pc:graph", "pc:xla"):
     np.testing.assert_array_equal(model_test_model(n, backend=backend),
                                   got_before)
     rows[backend] = model_test_model.last_stats.batched_primitive_rows
-  assert rows == {"pc:eager": 8, "pc:xla": 6}
+  assert rows == {"pc:eager": 6, "pc:graph": 6, "pc:xla": 6}
   # When every row returns early, no backend runs the guarded call: only
   # the first call's 4 rows are computed (pc:xla used to run its smallest
   # bucket anyway).
   negative = np.array([-3, -1, -2, -5])
-  for backend in ("pc:eager", "pc:xla"):
+  for backend in ("pc:eager", "pc:graph", "pc:xla"):
     np.testing.assert_array_equal(model_test_model(negative, backend=backend),
                                   2 * negative)
     assert model_test_model.last_stats.batched_primitive_rows == 4, backend

@@ -26,9 +26,10 @@ Each step picks a block (the lowest waiting pc, or the one most members wait
 at), and runs it for the members waiting there: every primitive runs on all
 Z rows, inactive rows fed a copy of an active row's inputs (so junk can never
 raise or poison), and results are kept with `tf.where(active, new, old)`.
-Under XLA, which never raises, inactive rows keep their own junk, and a
-`@batched_primitive` (the expensive model) runs on the members only,
-gathered into one of a few fixed sizes (`MEMBER_BUCKETS`).
+Under XLA, which never raises, inactive rows keep their own junk. A
+`@batched_primitive` (the expensive model) runs on the members only:
+gathered into one of a few fixed sizes under XLA (`MEMBER_BUCKETS`), and
+into exactly as many rows as there are members elsewhere.
 Temporaries live only in a block's local environment. Block functions are
 built once per block with the block index static (paper Fig. 5): in graph
 mode the loop is a `tf.while_loop` over `tf.switch_case(next_pc, blocks)`.
@@ -122,6 +123,29 @@ def _on_members(kernel, z, members, ins, skip):
   outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
                               + [skip])
   return _opaque_to_constant_inference(outs), rows
+
+
+def _on_members_exactly(kernel, members, ins, skip, eager):
+  """`(kernel's outputs on all Z rows, rows computed)`, computing on the
+  members' rows only, gathered (eager and graph modes, where shapes may
+  vary from call to call). The other rows get a member's outputs: junk,
+  which the block discards, but values the model made, so nothing raises
+  on them. With no members it computes nothing and returns `skip()`."""
+  rows = tf.cast(tf.reshape(tf.where(members), [-1]), tf.int32)
+  count = tf.size(rows)
+
+  def compute():
+    taken = tf.nest.map_structure(lambda x: tf.gather(x, rows), ins)
+    # Member i's slot among them is the count of members before it; the
+    # other rows read the slot of the next member (or the last one).
+    slot = tf.minimum(tf.cumsum(tf.cast(members, tf.int32), exclusive=True),
+                      count - 1)
+    return (tf.nest.map_structure(lambda y: tf.gather(y, slot),
+                                  list(kernel(count, *taken))), count)
+
+  if eager:
+    return compute() if int(count) else skip()
+  return tf.cond(count > 0, compute, skip)
 
 
 def _opaque_to_constant_inference(values):
@@ -567,14 +591,16 @@ class PcVmRuntime:
         return active if guard is None else tf.logical_and(active, guard)
 
       def primitive(op, guard):
-        """`(values, rows computed)` of a primitive, on every row. With a
-        guard, for its members only: under XLA it still runs on every row
-        like the rest of the block (a @batched_primitive runs on its
-        members gathered, and not at all without members: see
-        `_on_members`); elsewhere user code may
-        raise on the rows that would not have run it (an index past the
-        end that the guard tests for), so those rows get a guarded
-        member's inputs, and nothing runs when no member is guarded in."""
+        """`(values, rows computed)` of a primitive, on every row. A
+        @batched_primitive runs on its members (the block's, less a
+        guard's) gathered, and not at all without members: see
+        `_on_members` (XLA) and `_on_members_exactly`. Another primitive
+        runs on every row; with a guard, for its members only: under XLA
+        it still runs on every row like the rest of the block; elsewhere
+        user code may raise on the rows that would not have run it (an
+        index past the end that the guard tests for), so those rows get a
+        guarded member's inputs, and nothing runs when no member is
+        guarded in."""
         ins = [read(v) for v in op.ins]
         kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
                                   [p.types[v] for v in op.outs])
@@ -583,6 +609,9 @@ class PcVmRuntime:
           return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
         if self.mode == "xla" and op.batched:
           return _on_members(kernel, z, members(guard), ins, skip)
+        if op.batched:
+          return _on_members_exactly(kernel, members(guard), ins, skip,
+                                     eager=self.mode == "eager")
         if guard is None or self.mode == "xla":
           return kernel(z, *ins), z
         runs = members(guard)

@@ -13,8 +13,9 @@ class RunStats:
   max_stack_depth: deepest recursion reached (the stack high-water mark).
   batched_primitive_rows: rows the `@batched_primitive` calls computed,
     summed over calls (the program-counter runtime; None where not
-    counted). Under XLA a call computes its members gathered into a few
-    fixed sizes, so this lies between the members and the batch size.
+    counted). A call computes its members gathered: exactly their rows
+    under pc:graph and pc:eager; under XLA one of a few fixed sizes, so
+    there it lies between the members and the batch size.
   """
   batch_size: int = 0
   steps: int = 0
