@@ -111,13 +111,18 @@ class _KernelChains(_Stepper):
   function from Python is paid once per n steps, as a `sample_chain` user
   pays it.  Both give the same steps with the same seeds.
 
-  Subclasses set `kernel`, `_one_step`, `_init`, `_settings`, `_carry =
-  None` and `_chain_jit_compile`, and define `_seed_args(i)` (the keyword
-  arguments of `one_step` for step `i`, an int or a scalar tensor),
-  `_observe(results)` (a tuple of tensors to keep from each step's kernel
-  results) and `_outcome(state, observed)` (the `StepOutcome` from NumPy
-  values of a step's state and observations).
+  Subclasses set `kernel`, `_one_step`, `_init`, `_settings` and `_carry =
+  None`, and define `_observe(results)` (a tuple of tensors to keep from
+  each step's kernel results) and `_outcome(state, observed)` (the
+  `StepOutcome` from NumPy values of a step's state and observations);
+  `_seed_args(i)` gives the keyword arguments of `one_step` for step `i`
+  (an int or a scalar tensor).
   """
+  _chain_jit_compile = True
+  _run_chain = None     # the compiled chain of steps, built on first use
+
+  def _seed_args(self, i):
+    return {"seed": _seed(self._settings, i)}
 
   def _start(self):
     if self._carry is None:
@@ -141,7 +146,7 @@ class _KernelChains(_Stepper):
     if n != self.steps_per_call:
       raise ValueError(f"this stepper runs {self.steps_per_call} steps per "
                        f"call; asked for {n}")
-    if getattr(self, "_run_chain", None) is None:
+    if self._run_chain is None:
       self._run_chain = self._chain_function(n)
     state, results, states, observed = self._run_chain(
         *self._start(), tf.constant(first, tf.int32))
@@ -207,9 +212,6 @@ class Ours(_KernelChains):
     # The local backends run eagerly: one step per call.
     return self._settings.steps_per_call if self.traced else 1
 
-  def _seed_args(self, i):
-    return {"seed": _seed(self._settings, i)}
-
   @staticmethod
   def _observe(results):
     return (tf.reduce_sum(results.leapfrogs_taken),
@@ -274,7 +276,6 @@ class TfpReference(_KernelChains):
         num_trajectories_per_step=settings.num_trajectories_per_step,
         seed=settings.seed)
     self._one_step = tf.function(self.kernel.one_step, jit_compile=True)
-    self._chain_jit_compile = True
     self._settings = settings
     self._init = init
     self._carry = None
@@ -308,7 +309,6 @@ class TfpIterative(_KernelChains):
         max_tree_depth=settings.max_tree_depth,
         unrolled_leapfrog_steps=settings.unrolled_leapfrog_steps)
     self._one_step = tf.function(self.kernel.one_step, jit_compile=True)
-    self._chain_jit_compile = True
     self._settings = settings
     self._init = init
     self._carry = None
@@ -316,9 +316,6 @@ class TfpIterative(_KernelChains):
     # Not observable: chains run in lockstep, so the batch computes
     # chains x the longest chain's leapfrogs.
     self.computed_is_estimate = True
-
-  def _seed_args(self, i):
-    return {"seed": _seed(self._settings, i)}
 
   @staticmethod
   def _observe(results):

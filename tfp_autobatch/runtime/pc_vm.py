@@ -105,15 +105,12 @@ def _on_members(kernel, z, members, ins, skip):
   def bucket(size):
     def run():
       # Members first, in row order: one stable sort finds the rows to
-      # take; member i's slot among them is the count of members before it
-      # (a running count, cheaper than sorting back).
+      # take (`_to_all_rows` puts them back with a running count, cheaper
+      # than sorting back).
       order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
                          stable=True)[:size]
       taken = tf.nest.map_structure(lambda x: tf.gather(x, order), ins)
-      back = tf.minimum(tf.cumsum(tf.cast(members, tf.int32),
-                                  exclusive=True), size - 1)
-      return (tf.nest.map_structure(lambda y: tf.gather(y, back),
-                                    list(kernel(size, *taken))), size)
+      return _to_all_rows(kernel(size, *taken), members, size), size
     return run
 
   # Sizes fall along MEMBER_BUCKETS: the last one holding `count` wins;
@@ -123,6 +120,16 @@ def _on_members(kernel, z, members, ins, skip):
   outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
                               + [skip])
   return _opaque_to_constant_inference(outs), rows
+
+
+def _to_all_rows(outs, members, size):
+  """Outputs computed on the members gathered into `size` rows (members
+  first, in row order), on all Z rows: member i's are in its slot, the
+  count of members before it; the other rows get the next member's (or
+  the last row's)."""
+  slot = tf.minimum(tf.cumsum(tf.cast(members, tf.int32), exclusive=True),
+                    size - 1)
+  return tf.nest.map_structure(lambda y: tf.gather(y, slot), list(outs))
 
 
 def _on_members_exactly(kernel, members, ins, skip, eager):
@@ -136,12 +143,7 @@ def _on_members_exactly(kernel, members, ins, skip, eager):
 
   def compute():
     taken = tf.nest.map_structure(lambda x: tf.gather(x, rows), ins)
-    # Member i's slot among them is the count of members before it; the
-    # other rows read the slot of the next member (or the last one).
-    slot = tf.minimum(tf.cumsum(tf.cast(members, tf.int32), exclusive=True),
-                      count - 1)
-    return (tf.nest.map_structure(lambda y: tf.gather(y, slot),
-                                  list(kernel(count, *taken))), count)
+    return _to_all_rows(kernel(count, *taken), members, count), count
 
   if eager:
     return compute() if int(count) else skip()
