@@ -125,11 +125,12 @@ def _compiled_backend():
 
 @pytest.mark.slow
 @pytest.mark.skipif(_compiled_backend() is None, reason="no pc backend")
-def test_sample_chain_in_tf_function_float32_list_state():
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_sample_chain_in_tf_function_float32_list_state(jit_compile):
   # Multi-part float32 state with per-part step sizes, SimpleStepSizeAdaptation,
-  # whole sample_chain compiled in one tf.function on the pc backend (XLA
-  # compilation of the program dominates: minutes). Means within 5 MCSE
-  # (rate ~1e-6 per part).
+  # whole sample_chain compiled in one tf.function on the pc backend, with
+  # or without XLA for the whole function (XLA compilation of the program
+  # dominates). Means within 5 MCSE (rate ~1e-6 per part).
   def target(x, y):
     return (tfd.Normal(np.float32(1.), np.float32(1.)).log_prob(x)
             + tfd.Normal(np.float32(-2.), np.float32(0.5)).log_prob(y))
@@ -139,7 +140,7 @@ def test_sample_chain_in_tf_function_float32_list_state():
       num_adaptation_steps=20)
   init = [tf.zeros([16], tf.float32), tf.zeros([16], tf.float32)]
 
-  @tf.function
+  @tf.function(jit_compile=jit_compile)
   def run():
     return tfp.mcmc.sample_chain(60, init, kernel=kernel, num_burnin_steps=30,
                                  trace_fn=lambda _, r: r.inner_results
