@@ -26,6 +26,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(num_dims=3, num_data=20, step_size=0.1, max_tree_depth=6)
 
 
+def _tiny_settings(**overrides):
+  """Stepper settings for the tiny problems: one chain unbatched, one
+  leapfrog per `limit` call."""
+  return nuts_systems.Settings(
+      step_size=0.1, max_tree_depth=6, unrolled_leapfrog_steps=1,
+      num_trajectories_per_step=1, seed=0, trace_kernel=True,
+      unbatched_cap=1, limit_leapfrogs=1)._replace(**overrides)
+
+
 def _has_pystan():
   try:
     import stan  # pylint: disable=g-import-not-at-top,unused-import
@@ -159,10 +168,7 @@ def test_steps_in_one_call_are_the_steps_of_one_call_each():
   for system in ("pc:xla", "tfp_iterative"):
     outcomes = {}
     for per_call in (1, 3):
-      settings = nuts_systems.Settings(
-          step_size=0.1, max_tree_depth=6, unrolled_leapfrog_steps=1,
-          num_trajectories_per_step=1, seed=0, trace_kernel=True,
-          unbatched_cap=1, limit_leapfrogs=1, steps_per_call=per_call)
+      settings = _tiny_settings(steps_per_call=per_call)
       stepper = nuts_systems.make_stepper(system, problem, settings, init)
       assert stepper.steps_per_call == per_call
       outcomes[per_call] = [
@@ -216,10 +222,7 @@ def test_a_benchmark_with_steps_per_call_records_them():
 
 def test_limit_logp_computes_the_log_density_that_limit_leaves_out():
   problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
-  settings = nuts_systems.Settings(
-      step_size=0.1, max_tree_depth=6, unrolled_leapfrog_steps=1,
-      num_trajectories_per_step=1, seed=0, trace_kernel=True,
-      unbatched_cap=1, limit_leapfrogs=1)
+  settings = _tiny_settings()
   init = problem.initial_state(2)
   totals = {}
   for system in nuts_systems.LIMITS:
