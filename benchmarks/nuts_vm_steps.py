@@ -10,7 +10,8 @@ same seed, so the same work every time) it reports the VM steps the
 transition takes (blocks executed, from the backend's run statistics), the
 leapfrog steps it computes, and the fastest and median time of the
 transition traced in `tf.function` after `--warmup` untimed ones (XLA
-compiled kernels start slow), hence microseconds per VM step. With
+compiled kernels start slow), hence microseconds per VM step, and the
+first call's seconds (conversion, tracing and XLA compilation). With
 `--num_data` small, the logistic regression's gradient is nearly free and
 what remains is the VM's own cost.
 """
@@ -91,7 +92,8 @@ def main(argv):
           f"k={r['num_trajectories_per_step']}: {r['vm_steps']} VM steps, "
           f"{r['leapfrogs']} leapfrogs, median {r['median_sec'] * 1e3:.2f} ms"
           f" (fastest {r['min_sec'] * 1e3:.2f} ms), "
-          f"{r['us_per_vm_step']:.1f} us per VM step")
+          f"{r['us_per_vm_step']:.1f} us per VM step; first call "
+          f"{r['first_call_sec']:.1f} s")
   if FLAGS.output:
     with open(FLAGS.output, "w") as f:
       json.dump({"machine": bench.machine_info(), "records": records}, f,

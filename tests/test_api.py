@@ -148,3 +148,50 @@ def test_mismatched_batch_sizes_are_a_clear_error():
 
 def test_run_unbatched_runs_plain_python():
   assert int(fib.run_unbatched(tf.constant(7))) == 13
+
+
+def _draw(seed, k):
+  return tf.random.stateless_uniform([], tf.stack([seed, k]), alg="philox")
+
+
+def _noisy_count():
+  """A fresh program (its traces are cached) of per-example stateless
+  draws, which pfor has no vectorisation for."""
+  @tab.batch
+  def noisy_count(seed, n):
+    total = tf.constant(0.0)
+    while n > 0:
+      total = total + _draw(seed, n)
+      n = n - 1
+    return total
+  return noisy_count
+
+
+def _noisy_count_expected(seeds, counts, jit_compile):
+  """The draws one example at a time (XLA's stateless draws are not TF's,
+  so compiled alike)."""
+  draw = tf.function(_draw, jit_compile=jit_compile)
+  return [sum(float(draw(tf.constant(s), tf.constant(k)))
+              for k in range(1, c + 1)) for s, c in zip(seeds, counts)]
+
+
+def test_code_pfor_cannot_vectorise_is_an_error_in_strict_mode(monkeypatch):
+  monkeypatch.setenv("TFP_AUTOBATCH_STRICT_PFOR", "1")
+  for backend in ("pc:graph", "local:eager"):
+    with pytest.raises(tab.AutobatchError, match="cannot vectorise"):
+      _noisy_count()(np.array([3, 5]), np.array([2, 1]), backend=backend)
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_code_pfor_cannot_vectorise_runs_as_a_loop_with_a_warning(
+    backend, monkeypatch, caplog):
+  """Outside strict mode such code still gives every example its own
+  answer (pfor loops over the rows), and the user is told where."""
+  monkeypatch.setenv("TFP_AUTOBATCH_STRICT_PFOR", "0")
+  seeds, counts = np.array([3, 5, 8], np.int32), np.array([2, 1, 3], np.int32)
+  with caplog.at_level("WARNING"):
+    got = _noisy_count()(seeds, counts, backend=backend)
+  expected = _noisy_count_expected(seeds, counts,
+                                   jit_compile=backend.endswith("xla"))
+  np.testing.assert_allclose(got, expected, rtol=1e-6)
+  assert "falls back to a sequential loop" in caplog.text

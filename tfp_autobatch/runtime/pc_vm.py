@@ -209,8 +209,7 @@ class PcVmRuntime:
     self.depth = int(max_stack_depth)
     self.mode = mode
     self.schedule = schedule
-    self.kernels = vectorize.KernelCache(jit_compile=False,
-                                         graph=mode == "eager")
+    self.kernels = vectorize.KernelCache(jit_compile=False)
     self.stats = None
     self.stats_tensors = None
     self.trace_count = 0
