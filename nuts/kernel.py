@@ -23,6 +23,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 import tfp_autobatch as tab
+from nuts import random as nuts_random
 from nuts import tree
 from tfp_autobatch.ir import ir2
 
@@ -270,9 +271,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     grads = results.grads_target_log_prob
     grads = list(grads) if is_list else [grads]
     step = flat(_broadcast_step_size(results.step_size, parts, chain_ndims))
-    chain_seeds = tf.stack([
+    # Each chain's seed words (step seed, chain index), hashed once here.
+    chain_seeds = nuts_random.chain_key(tf.stack([
         tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
-        tf.range(num_chains, dtype=tf.int32)], axis=-1)
+        tf.range(num_chains, dtype=tf.int32)], axis=-1))
     out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
                                              [num_chains]),
                      flat(grads), step, chain_seeds, backend=self.backend)

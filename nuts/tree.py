@@ -174,7 +174,8 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
   `logp_and_grad(q)` maps a batch of flat states [n, d] to ([n], [n, d]).
   Returns a `@tab.batch` function
   `nuts_steps(q, logp, grad, step, seed) -> StepResult` for one chain, where
-  `step` is the per-coordinate step size [d] and `seed` 3 int32 words.
+  `step` is the per-coordinate step size [d] and `seed` the chain's 3 int32
+  seed words or their `nuts.random.chain_key` (the same draws).
   """
   stack_depth = max_tree_depth + 8
 

@@ -88,6 +88,24 @@ def test_normals_are_normal():
   assert abs((z ** 4).mean() - 3) < 5 * np.sqrt(96 / n)
 
 
+def test_a_chain_key_draws_what_its_seed_words_draw():
+  """The kernel hashes each chain's seed words once per step: the draws
+  must be the same bits as from the words (so the NumPy reference, which
+  hashes the words, still matches), under XLA too."""
+  seeds = tf.constant([[5, 6, 7], [-1, 2**31 - 1, -2**31], [0, 0, 3]],
+                      tf.int32)
+  words = [tf.constant(4), tf.range(1000), tf.constant(-9)]
+  keys = nuts_random.chain_key(seeds)
+  assert keys.shape == [3] and keys.dtype == tf.int32
+  for jit_compile in (False, True):
+    draw = tf.function(lambda s: nuts_random.uniform(s, words),
+                       jit_compile=jit_compile)
+    for c in range(3):
+      np.testing.assert_array_equal(draw(keys[c]), draw(seeds[c]))
+  np.testing.assert_array_equal(
+      nuts_random.normal(keys[0], [7], 5), nuts_random.normal(seeds[0], [7], 5))
+
+
 def test_random_is_stateless_vectorises_and_matches_numpy():
   seeds = tf.constant(np.arange(12).reshape(4, 3).astype(np.int32))
   draw = lambda s: nuts_random.normal(s, [tf.constant(3), tf.constant(-5)], 5)

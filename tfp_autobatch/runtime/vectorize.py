@@ -11,9 +11,7 @@ In a graph, pfor is called directly (`_pfor_in_graph`) rather than through
 `tf.vectorized_map`, which inside an XLA computation wraps every call in one
 more `tf.function` (with AutoGraph) of its own. Together with the tracing
 once per primitive this cut the first call of one NUTS step (trace and XLA
-compilation) from 17.5 to 11.3 s on the 100-d Gaussian and from 18-21 to
-11-14 s on the logistic regression, at 1 and 64 chains, with the same step
-times (alternating processes, 2 CPU cores, 2026-11-25; see the README's
+compilation) by a quarter to a third, with the same step times (README,
 "First calls").
 """
 import contextvars
