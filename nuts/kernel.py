@@ -272,12 +272,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     grads = list(grads) if is_list else [grads]
     step = flat(_broadcast_step_size(results.step_size, parts, chain_ndims))
     # Each chain's seed words (step seed, chain index), hashed once here.
-    chain_seeds = nuts_random.chain_key(tf.stack([
+    chain_keys = nuts_random.chain_key(tf.stack([
         tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
         tf.range(num_chains, dtype=tf.int32)], axis=-1))
     out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
                                              [num_chains]),
-                     flat(grads), step, chain_seeds, backend=self.backend)
+                     flat(grads), step, chain_keys, backend=self.backend)
     self.last_run_stats = stats = (nuts_steps.last_stats
                                    if tf.executing_eagerly() else None)
 

@@ -21,13 +21,13 @@ import os
 
 import tensorflow as tf
 
+from tfp_autobatch import errors
+
 try:   # TF's private pfor entry point; tf.vectorized_map without it
   from tensorflow.python.ops.parallel_for.control_flow_ops import (
       _pfor_impl)
 except ImportError:  # pragma: no cover (TF 2.21 has it)
   _pfor_impl = None
-
-from tfp_autobatch import errors
 
 # Set while tracing single-example code, so batched primitives called from
 # inside it (hidden in a helper) can say they must be called directly.
