@@ -406,10 +406,52 @@ def test_no_retracing_on_new_values(backend):
   runtime = pipeline.runtime(fib, INT, backend)
   traces = runtime.trace_count
   fib(x + 1, backend=backend)
-  fib(x[:3], backend=backend)    # the batch dimension is not in the signature
   assert runtime.trace_count == traces == 1
+  # pc:graph leaves the batch dimension out of its signature; pc:xla, which
+  # compiles per batch size anyway, traces once per batch size.
+  fib(x[:3], backend=backend)
+  fib(x[:3] + 1, backend=backend)
+  assert runtime.trace_count == (1 if backend == "pc:graph" else 2)
   np.testing.assert_array_equal(fib(x, backend=backend),
                                 [_fib_np(i) for i in x])
+
+
+@tab.batch
+def _halve_until_small(x):
+  while tf.reduce_sum(x) > 1.0:
+    x = x * 0.5
+  return x
+
+
+def _halve_until_small_np(x):
+  x = np.array(x)
+  for row in x:
+    while row.sum() > 1.0:
+      row *= 0.5
+  return x
+
+
+def test_xla_reads_primitive_inputs_without_gathering_them():
+  """With the batch size static, pfor takes row i of a primitive's input
+  to be the input itself; with it unknown, pfor gathered every row by its
+  index, a gather XLA kept and repeated in the kernels that read it (NUTS
+  at 4 chains: 3.7 -> 2.4 ms a transition). A batch of unknown size (in a
+  caller's tf.function) still runs, on a trace of its own."""
+  x = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
+  np.testing.assert_array_equal(_halve_until_small(x, backend="pc:xla"),
+                                _halve_until_small_np(x))
+  runtime = pipeline.runtime(_halve_until_small,
+                             _halve_until_small._last_types, "pc:xla")  # pylint: disable=protected-access
+  def pfor_gathers(compiled):
+    hlo = compiled.experimental_get_compiler_ir(x)(stage="hlo")
+    return [line for line in hlo.splitlines()
+            if " gather(" in line and "pfor" in line]
+  assert not pfor_gathers(runtime.compiled_for([x]))
+  unknown_size = tf.function(
+      lambda x: _halve_until_small(x, backend="pc:xla"),
+      input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+  np.testing.assert_array_equal(unknown_size(x), _halve_until_small_np(x))
+  assert pfor_gathers(runtime._compiled[None])  # pylint: disable=protected-access
 
 
 def test_stats():

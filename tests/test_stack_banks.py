@@ -92,6 +92,6 @@ def test_compiled_loop_scatters_once_per_bank():
   runtime = pipeline.runtime(fn, fn._last_types, "pc:xla")  # pylint: disable=protected-access
   stacks = runtime._stacks  # pylint: disable=protected-access
   assert len(stacks.names) > len(stacks.sizes) == 1
-  hlo = runtime._compiled.experimental_get_compiler_ir(*args)(  # pylint: disable=protected-access
+  hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
       stage="optimized_hlo")
   assert len(re.findall(r" scatter\(", hlo)) == len(stacks.sizes)

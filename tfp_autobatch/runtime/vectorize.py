@@ -74,7 +74,9 @@ def _pfor_in_graph(per_example, batched_args):
   def loop_fn(i):
     return per_example(*tf.nest.map_structure(lambda x: tf.gather(x, i),
                                               tuple(batched_args)))
-  n = tf.shape(tf.nest.flatten(batched_args)[0])[0]
+  first = tf.nest.flatten(batched_args)[0]
+  # A static size lets pfor take `tf.gather(x, i)` to be x itself.
+  n = first.shape[0] if first.shape[0] is not None else tf.shape(first)[0]
   return _pfor_impl(loop_fn, n, fallback_to_while_loop=False)
 
 
@@ -126,7 +128,8 @@ def batched_fn(op, out_types):
 
 
 class KernelCache:
-  """Batched primitives, one `tf.function` per (primitive, input types),
+  """Batched primitives, one `tf.function` per (primitive, input types,
+  batch size: static under `pc:xla`, see `PcVmRuntime.compiled_for`),
   traced once and called from every block that runs the primitive (inside
   a compiled VM, XLA inlines the calls)."""
 
@@ -134,12 +137,14 @@ class KernelCache:
     self.jit_compile = jit_compile
     self._kernels = {}
 
-  def get(self, op, in_types, out_types):
-    key = (op.code, op.batched, tuple(in_types))
+  def get(self, op, in_types, out_types, batch_size=None):
+    """The kernel of `op` for inputs of `in_types`, on batches of
+    `batch_size` rows (None: any number, known only when it runs)."""
+    key = (op.code, op.batched, tuple(in_types), batch_size)
     kernel = self._kernels.get(key)
     if kernel is None:
       signature = [tf.TensorSpec([], tf.int32)] + [
-          tf.nest.map_structure(lambda t: t.spec((None,)), t)
+          tf.nest.map_structure(lambda t: t.spec((batch_size,)), t)
           for t in in_types]
       # A partial has no __code__, so TF's retracing detector counts each
       # kernel on its own instead of all kernels as one function.
