@@ -2,7 +2,8 @@
 
 Each `Primitive` is vectorised once per input signature: its code, written for
 one example, is traced through pfor (`tf.vectorized_map`'s machinery) inside a
-cached `tf.function` whose batch dimension is unknown, optionally compiled
+cached `tf.function` whose batch dimension is unknown (static under
+`pc:xla`, which then reads each row without a gather), optionally compiled
 with XLA. A primitive that several blocks run (inlined or tail-duplicated
 code) is traced once and called from each. A `batched=True` primitive already
 maps over the batch and is called as is.
