@@ -11,6 +11,7 @@ import tensorflow_probability as tfp
 
 import nuts
 import tfp_autobatch as tab
+from tfp_autobatch import pipeline
 from nuts import random as nuts_random
 from nuts import reference_numpy
 from tfp_autobatch.ir import ir2
@@ -211,6 +212,26 @@ def test_every_backend_gives_the_same_samples(fused_step, backend):
       assert members <= computed < most
     else:
       assert computed == members
+
+
+def test_pc_xla_with_the_number_of_chains_unknown(fused_step):
+  """In a caller's tf.function whose number of chains is unknown at trace
+  time, pc:xla runs the VM's trace for any batch size (it traces one per
+  static size otherwise: `PcVmRuntime.compiled_for`), with the same
+  samples."""
+  state, results = fused_step
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.4, max_tree_depth=5,
+                               num_trajectories_per_step=2, backend="pc:xla")
+  @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float64)])
+  def step(init):
+    return kernel.one_step(init, kernel.bootstrap_results(init), seed=[3, 4])
+  other_state, other_results = step(tf.constant(INIT))
+  np.testing.assert_allclose(other_state, state, rtol=1e-9, atol=1e-12)
+  np.testing.assert_array_equal(other_results.leapfrogs_taken,
+                                results.leapfrogs_taken)
+  (program, _, _, _), _ = next(iter(kernel._programs.values()))  # pylint: disable=protected-access
+  runtime = pipeline.runtime(program, program._last_types, "pc:xla")  # pylint: disable=protected-access
+  assert list(runtime._compiled) == [None]  # pylint: disable=protected-access
 
 
 # -- drop-in compatibility ----------------------------------------------------
