@@ -41,10 +41,26 @@ flags.DEFINE_integer("num_dims", None, "State dimension (default 100).")
 flags.DEFINE_integer("num_data", None,
                      "Logistic regression data points (default 10,000).")
 flags.DEFINE_string("backend", "pc:xla", "A pc backend.")
+flags.DEFINE_bool("chains_known_at_trace", True,
+                  "Trace the transition with the number of chains static "
+                  "(as a fixed state gives it); false traces it with that "
+                  "dimension unknown, as in a caller's tf.function with "
+                  "[None, ...] signatures, where pc:xla runs its trace for "
+                  "any batch size instead of one per size.")
 flags.DEFINE_string("output", None, "JSON file for the results.")
 
 
-def measure(problem, chains, num_trajectories, repeats, backend, warmup=10):
+def _unknown_chains(value, chains):
+  """A spec of `value` with its leading dimension unknown where it is
+  the chains'."""
+  shape = value.shape.as_list()
+  if shape and shape[0] == chains:
+    shape[0] = None
+  return tf.TensorSpec(shape, value.dtype)
+
+
+def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
+            chains_known_at_trace=True):
   """One record: VM steps and timings of one fixed transition."""
   kernel = nuts.NoUTurnSampler(
       problem.target_log_prob, problem.step_size, backend=backend,
@@ -52,7 +68,12 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10):
   state = tf.constant(problem.initial_state(chains))
   results = kernel.bootstrap_results(state)
   seed = tf.constant([0, 7])
-  step = tf.function(kernel.one_step)
+  signature = None
+  if not chains_known_at_trace:
+    signature = tf.nest.map_structure(lambda x: _unknown_chains(x, chains),
+                                      [state, results, seed])
+  step = tf.function(lambda state, results, seed: kernel.one_step(
+      state, results, seed=seed), input_signature=signature)
   start = time.perf_counter()
   _, out = step(state, results, seed=seed)
   out.target_log_prob.numpy()
@@ -68,6 +89,7 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10):
   steps = kernel.last_run_stats.steps
   return {
       "problem": problem.name, "backend": backend, "batch_size": chains,
+      "chains_known_at_trace": chains_known_at_trace,
       "num_trajectories_per_step": num_trajectories,
       "num_dims": problem.num_dims, "warmup": warmup,
       "vm_steps": steps,
@@ -86,7 +108,8 @@ def main(argv):
   records = []
   for chains in [int(b) for b in FLAGS.batch_sizes]:
     r = measure(problem, chains, FLAGS.num_trajectories_per_step,
-                FLAGS.repeats, FLAGS.backend, FLAGS.warmup)
+                FLAGS.repeats, FLAGS.backend, FLAGS.warmup,
+                FLAGS.chains_known_at_trace)
     records.append(r)
     print(f"{r['problem']} d={r['num_dims']} chains={chains} "
           f"k={r['num_trajectories_per_step']}: {r['vm_steps']} VM steps, "

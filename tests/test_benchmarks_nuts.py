@@ -395,3 +395,19 @@ def test_vm_steps_benchmark_counts_steps_of_one_fixed_transition():
   assert 0 < record["min_sec"] <= record["median_sec"]
   assert record["us_per_vm_step"] == pytest.approx(
       record["median_sec"] / record["vm_steps"] * 1e6)
+
+
+def test_vm_steps_benchmark_times_the_same_transition_with_chains_unknown():
+  """--chains_known_at_trace=false traces the step for any number of
+  chains (pc:xla's batch-size-agnostic trace): the same transition."""
+  from benchmarks import nuts_vm_steps
+  problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
+  known, unknown = (
+      nuts_vm_steps.measure(problem, chains=2, num_trajectories=1, repeats=1,
+                            backend="pc:xla", warmup=0,
+                            chains_known_at_trace=known)
+      for known in (True, False))
+  assert (known["chains_known_at_trace"],
+          unknown["chains_known_at_trace"]) == (True, False)
+  assert known["leapfrogs"] == unknown["leapfrogs"] > 0
+  assert known["vm_steps"] == unknown["vm_steps"]
