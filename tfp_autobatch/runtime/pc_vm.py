@@ -260,8 +260,9 @@ class PcVmRuntime:
     gathers every row by its index (a gather XLA does not remove, and
     repeats inside the fused kernels that read it): one NUTS transition
     on the 100-d Gaussian at 4 chains went from 5.7 to 4.1 ms in an
-    in-process A/B (README, "Cost of a VM step"). A batch of unknown size (inside a caller's
-    `tf.function` with unknown shapes) gets the unknown-size trace.
+    in-process A/B (README, "Cost of a VM step"). A batch of unknown size
+    (inside a caller's `tf.function` with unknown shapes) gets the
+    unknown-size trace.
     """
     size = None
     leaves = tf.nest.flatten(args)
