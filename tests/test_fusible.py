@@ -54,7 +54,8 @@ def test_a_long_stack_of_selects_compiles_to_one_kernel():
 
 
 def test_a_register_file_of_many_leaves_round_trips_and_packs_in_one_kernel():
-  # 20 integer leaves of widths 1-3 and 10 flags: files of several chunks.
+  # 20 integer leaves of widths 1-3 and 10 flags: a file of several chunks
+  # (the flags are packed with the integers).
   z = 4
   example = {f"i{k}": tf.reshape(tf.range(z * (1 + k % 3)) * (k + 1),
                                  [z, 1 + k % 3]) for k in range(20)}
@@ -62,7 +63,7 @@ def test_a_register_file_of_many_leaves_round_trips_and_packs_in_one_kernel():
                   for k in range(10)})
   packing = register_file.RegisterFile(example)
   files, loose = packing.pack(example)
-  assert sorted(files) == ["bool", "int32"] and not loose
+  assert sorted(files) == ["int32"] and not loose
   back = packing.unpack(files, loose)
   for name, want in example.items():
     np.testing.assert_array_equal(back[name], want)

@@ -472,6 +472,54 @@ def test_most_waiting_schedule():
   np.testing.assert_array_equal(got, [_fib_np(i) for i in n])
 
 
+def _next_block_np(pc_top, halt, schedule, model_blocks):
+  """The schedules as `PcVmRuntime` documents them, in NumPy."""
+  if schedule == "lowest_pc":
+    return min(pc_top.min(), halt)
+  counts = np.bincount(pc_top[pc_top < halt], minlength=halt)
+  if schedule == "primitives_last":
+    others = counts * (1 - np.asarray(model_blocks))
+    if others.any():
+      counts = others
+  if not counts.any():
+    return halt
+  if schedule == "most_waiting":
+    return int(np.argmax(counts))
+  return int(np.argmax((counts > 0) & (2 * counts >= counts.max())))
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(data=st.data(),
+                  schedule=st.sampled_from(pc_vm.SCHEDULES))
+def test_schedules_pick_the_documented_block(data, schedule):
+  program = pipeline.stack_program(model_first, INT)
+  runtime = pc_vm.PcVmRuntime(program, 16, mode="graph", schedule=schedule)
+  halt = program.halt
+  pc_top = np.array(data.draw(st.lists(st.integers(0, halt), min_size=1,
+                                       max_size=9)), np.int32)
+  model_blocks = [int(ir2.calls_batched_primitive(b))
+                  for b in program.blocks]
+  assert any(model_blocks)
+  got = runtime._next_block(tf.constant(pc_top))  # pylint: disable=protected-access
+  assert int(got) == _next_block_np(pc_top, halt, schedule, model_blocks)
+
+
+def test_one_member_needs_no_member_buckets():
+  # At batch size 1 a model call runs on its one row or not at all: the
+  # compiled VM gathers no members (the stable sort that finds them is
+  # there at batch size 4) and schedules by reading the member's pc.
+  def sorts(n):
+    runtime = pipeline.runtime(model_first, INT, "pc:xla")
+    args = [tf.constant(n, tf.int32)]
+    hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
+        stage="hlo")
+    return [line for line in hlo.splitlines() if " sort(" in line]
+  assert sorts(np.arange(4))
+  assert not sorts(np.array([3]))
+  np.testing.assert_array_equal(model_first(np.array([3], np.int32),
+                                            backend="pc:xla"), [12])
+
+
 def test_inside_user_xla_function_with_unknown_batch():
   @tf.function(jit_compile=True,
                input_signature=[tf.TensorSpec([None], tf.int32)])

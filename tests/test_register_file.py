@@ -28,10 +28,12 @@ def test_pack_unpack_round_trip_and_layout():
   example = _example()
   packing = register_file.RegisterFile(example)
   files, loose = packing.pack(example)
-  # One file per packed dtype: int32 (pc 1 + pair.count 6 columns), bool,
-  # int64. Floats, the empty leaf and the scalar travel loose.
-  assert sorted(files) == ["bool", "int32", "int64"]
-  assert files["int32"].shape == (3, 7)
+  # One file per packed dtype, booleans in the int32 one: int32 (pc 1 +
+  # pair.count 6 + pair.flag 1 columns) and int64. Floats, the empty leaf
+  # and the scalar travel loose.
+  assert sorted(files) == ["int32", "int64"]
+  assert files["int32"].shape == (3, 8)
+  np.testing.assert_array_equal(files["int32"][:, 7], [1, 0, 1])
   assert len(loose) == 3
   back = packing.unpack(files, loose)
   tf.nest.assert_same_structure(back, example)

@@ -88,16 +88,22 @@ def _row_sources(mask):
   return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
 
 
-def _on_members(kernel, z, members, ins, skip):
+def _on_members(kernel, z, members, ins, skip, static_z=None):
   """`(kernel's outputs on all Z rows, rows computed)`, computing only on
   the members' rows gathered into the smallest bucket (see
   `MEMBER_BUCKETS`) that holds them; the outputs of the other rows are
   junk, which the block discards. With no members (a guarded call whose
   guard holds for none) it computes nothing and returns `skip()`.
   Only under XLA, where the bucket sizes are compile-time constants (Z is
-  static once compiled)."""
+  static once compiled). With `static_z` known at trace time, buckets as
+  large as Z or as another bucket are left out (at one chain there are
+  none: the call runs on its one row, or not at all)."""
   count = tf.reduce_sum(tf.cast(members, tf.int32))
-  sizes = [(z + d - 1) // d for d in MEMBER_BUCKETS[1:]]
+  if static_z is not None:
+    sizes = sorted({-(-static_z // d) for d in MEMBER_BUCKETS[1:]}
+                   - {static_z}, reverse=True)
+  else:
+    sizes = [(z + d - 1) // d for d in MEMBER_BUCKETS[1:]]
 
   def everyone():
     return list(kernel(z, *ins)), z
@@ -114,9 +120,8 @@ def _on_members(kernel, z, members, ins, skip):
     return run
 
   # Sizes fall along MEMBER_BUCKETS: the last one holding `count` wins;
-  # past them, the branch for no members.
-  index = (tf.reduce_sum(tf.cast(tf.stack(sizes) >= count, tf.int32))
-           + tf.cast(tf.equal(count, 0), tf.int32))
+  # past them (the 0), the branch for no members.
+  index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
   outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
                               + [skip])
   return _opaque_to_constant_inference(outs), rows
@@ -361,26 +366,34 @@ class PcVmRuntime:
 
   def _next_block(self, pc_top):
     halt = self.program.halt
+    if pc_top.shape[0] == 1:
+      # One member: every schedule picks the block it waits at (the halt
+      # label once it is done).
+      return tf.reshape(pc_top, [])
     if self.schedule == "lowest_pc":
       return tf.reduce_min(tf.concat([pc_top, [halt]], 0))
+    # Each schedule is written as maxima over the blocks' counts, then one
+    # minimum over the block indices that qualify: under XLA on CPU each
+    # reduction is a kernel of its own, and a VM step is only a few
+    # microseconds on small batches.
     counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
+    most = tf.reduce_max(counts)
     if self._model_blocks is not None:
       # Blocks that call a @batched_primitive (the model: the expensive
       # part) wait while any other block has members, so that they run for
       # as many members as can reach them.
       others = counts * (1 - tf.constant(self._model_blocks, tf.int32))
-      counts = tf.where(tf.reduce_any(others > 0), others, counts)
+      most_others = tf.reduce_max(others)
+      counts = tf.where(most_others > 0, others, counts)
+      most = tf.where(most_others > 0, most_others, most)
     if self.schedule in ("crowded_lowest_pc", "primitives_last"):
       # The lowest block holding at least half as many members as the most
       # crowded one: keeps lowest-pc's depth-first recursion, but does not
       # starve a crowded block behind a loop that a few members keep taking.
-      crowded = tf.logical_and(counts > 0,
-                               2 * counts >= tf.reduce_max(counts))
-      return tf.where(tf.reduce_any(crowded),
-                      tf.cast(tf.argmax(tf.cast(crowded, tf.int32)), tf.int32),
-                      halt)
-    return tf.where(tf.reduce_max(counts) > 0,
-                    tf.cast(tf.argmax(counts), tf.int32), halt)
+      picked = tf.logical_and(counts > 0, 2 * counts >= most)
+    else:
+      picked = tf.logical_and(counts > 0, counts >= most)
+    return tf.reduce_min(tf.where(picked, tf.range(halt), halt))
 
   def _initial_state(self, args):
     p = self.program
@@ -587,7 +600,11 @@ class PcVmRuntime:
       pc_top = state["pc_top"]
       z = tf.shape(pc_top)[0]
       static_z = pc_top.shape[0]   # known under pc:xla: see `compiled_for`
-      active = tf.equal(pc_top, index)
+      if static_z == 1:
+        # The one member is at this block: the schedule picked it.
+        active = tf.ones([1], tf.bool)
+      else:
+        active = tf.equal(pc_top, index)
       source = _row_sources(active)
       writes = {}
 
@@ -634,7 +651,8 @@ class PcVmRuntime:
           """Nothing computed: zeros, which no member reads."""
           return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
         if self.mode == "xla" and op.batched:
-          return _on_members(kernel, z, members(guard), ins, skip)
+          return _on_members(kernel, z, members(guard), ins, skip,
+                             static_z)
         if op.batched:
           return _on_members_exactly(kernel, members(guard), ins, skip,
                                      eager=self.mode == "eager")
