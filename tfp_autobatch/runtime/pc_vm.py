@@ -372,10 +372,8 @@ class PcVmRuntime:
       return tf.reshape(pc_top, [])
     if self.schedule == "lowest_pc":
       return tf.reduce_min(tf.concat([pc_top, [halt]], 0))
-    # Each schedule is written as maxima over the blocks' counts, then one
-    # minimum over the block indices that qualify: under XLA on CPU each
-    # reduction is a kernel of its own, and a VM step is only a few
-    # microseconds on small batches.
+    # Each schedule is maxima over the blocks' member counts, then the
+    # lowest block index that qualifies (the halt label if none does).
     counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
     most = tf.reduce_max(counts)
     if self._model_blocks is not None:
