@@ -88,22 +88,22 @@ def _row_sources(mask):
   return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
 
 
-def _on_members(kernel, z, members, ins, skip, static_z=None):
+def _on_members(kernel, z, members, ins, skip):
   """`(kernel's outputs on all Z rows, rows computed)`, computing only on
   the members' rows gathered into the smallest bucket (see
   `MEMBER_BUCKETS`) that holds them; the outputs of the other rows are
   junk, which the block discards. With no members (a guarded call whose
   guard holds for none) it computes nothing and returns `skip()`.
   Only under XLA, where the bucket sizes are compile-time constants (Z is
-  static once compiled). With `static_z` known at trace time, buckets as
-  large as Z or as another bucket are left out (at one chain there are
-  none: the call runs on its one row, or not at all)."""
+  static once compiled). With Z known at trace time, buckets as large as
+  Z or as another bucket are left out (at one chain there are none: the
+  call runs on its one row, or not at all)."""
   count = tf.reduce_sum(tf.cast(members, tf.int32))
+  static_z = members.shape[0]
+  sizes = [((z if static_z is None else static_z) + d - 1) // d
+           for d in MEMBER_BUCKETS[1:]]
   if static_z is not None:
-    sizes = sorted({-(-static_z // d) for d in MEMBER_BUCKETS[1:]}
-                   - {static_z}, reverse=True)
-  else:
-    sizes = [(z + d - 1) // d for d in MEMBER_BUCKETS[1:]]
+    sizes = sorted(set(sizes) - {static_z}, reverse=True)
 
   def everyone():
     return list(kernel(z, *ins)), z
@@ -649,8 +649,7 @@ class PcVmRuntime:
           """Nothing computed: zeros, which no member reads."""
           return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
         if self.mode == "xla" and op.batched:
-          return _on_members(kernel, z, members(guard), ins, skip,
-                             static_z)
+          return _on_members(kernel, z, members(guard), ins, skip)
         if op.batched:
           return _on_members_exactly(kernel, members(guard), ins, skip,
                                      eager=self.mode == "eager")
