@@ -16,7 +16,9 @@ points; `benchmarks/nuts_problems.py`) with
   gives at that number of chains, and `limit_logp`, the same keeping the
   log density of every leapfrog as NUTS must,
 
-at 4, 16 and 64 chains, all from the same start with the same step size,
+at 4, 16 and 64 chains, all from the same start with the same step size
+(8 warm-up steps, then 3 rounds of 5 timed steps, each round timing every
+system in turn; the rates are the median round's),
 each kernel that can fuse trajectories (ours and TFP's reference) also with
 10 trajectories per step (paper Fig. 7: a chain that finishes a short
 trajectory starts its next one instead of waiting). It prints model
@@ -43,7 +45,7 @@ from benchmarks import nuts_systems
 FLAGS = nuts_bench.define_flags(
     problem=["logistic_regression"], systems=list(nuts_bench.DEMO_SYSTEMS),
     batch_sizes=["4", "16", "64"], num_trajectories_per_step=["1", "10"],
-    num_results=5, num_burnin=8,
+    num_results=5, num_burnin=8, rounds=3,
     output="benchmarks/results/nuts_demo.json",
     plot="benchmarks/results/nuts_demo.png", max_step_sec=20.0)
 
@@ -56,7 +58,8 @@ def main(argv):
         "against TFP's NUTS kernels")
   print(f"problem(s): {', '.join(FLAGS.problem)}; systems: "
         f"{', '.join(FLAGS.systems)}; chains: {', '.join(FLAGS.batch_sizes)}; "
-        f"{FLAGS.num_results} timed steps after {FLAGS.num_burnin} warm-up")
+        f"{FLAGS.num_burnin} warm-up steps, then {FLAGS.rounds} round(s) of "
+        f"{FLAGS.num_results} timed steps, interleaved across the systems")
   print("(the first step of each system and batch size converts and "
         "compiles: tens of seconds each)")
   payload = nuts_bench.run_from_flags(FLAGS)

@@ -28,8 +28,12 @@ default here is standard NUTS, 1).
 Per system, `--num_trajectories_per_step` value and batch size (number of
 chains), one run: the first MCMC step (`first_call_sec`: conversion,
 tracing and compilation, plus one step), `--num_burnin` - 1 more untimed
-steps (`burnin_sec`), then `--num_results` timed steps whose states are
-kept.  The default burn-in of 10 steps is there because XLA-compiled
+steps (`burnin_sec`), then `--rounds` windows of `--num_results` timed
+steps whose states are kept.  Batch size by batch size, every system is
+warmed up first, then each round times one window of every system in
+turn, so that a slow stretch of the machine (this one's speed moves by
+1.5-2x from minute to minute) falls on every system of a round rather
+than on one system's cell; the rates are the median window's.  The default burn-in of 10 steps is there because XLA-compiled
 kernels run slower for their first steps: on 2 cores one fixed
 logistic-regression transition of `pc:xla` took 26, 15, 8, 8, 6 ms on its
 first calls and 4.5-5 ms from about the eighth (TFP's reference kernel: 15
@@ -59,6 +63,8 @@ Stan its own run.  Recorded:
   chains x the longest chain's leapfrogs per step
   (`computed_is_estimate: true`).  For Fig. 7, run the correlated Gaussian
   with `--num_trajectories_per_step=1,10`;
+- `rounds` and `round_grads_per_sec` (every window's rate; the record's
+  `grads_per_sec` and `sec_per_step` are the median window's);
 - `sec_per_step`, `accept_rate` (mean acceptance statistic; `None` for
   systems that do not report it), `ess_per_sec` (minimum over dimensions of
   `tfp.mcmc.effective_sample_size` of the kept states, cross-chain when
@@ -138,85 +144,137 @@ def _inner_bar(total, enabled, desc):
   return None
 
 
-def measure(system, problem, settings, init, num_burnin, num_results,
-            progress=False):
-  """Runs `system` on chains starting at `init`; returns its record."""
-  # The first call's steps are the first burn-in steps.
-  warm = max(num_burnin, settings.steps_per_call)
-  bar = _inner_bar(warm + num_results, progress, f"{system} x{len(init)}")
-  start = time.perf_counter()
-  stepper = nuts_systems.make_stepper(system, problem, settings, init)
-  per_call = stepper.steps_per_call
+class Measurement:
+  """One system on one batch of chains: built, compiled and warmed up when
+  made, then timed in windows of consecutive steps (`time_window`), which
+  `run_benchmarks` interleaves with other systems' windows."""
 
-  def calls(first, last):
-    for i in range(first, last, per_call):
-      outcomes = stepper.run_steps(i, per_call)
+  def __init__(self, system, problem, settings, init, num_burnin,
+               progress=False):
+    self.system, self.problem, self.settings = system, problem, settings
+    self.batch = len(init)
+    self.progress = progress
+    # The first call's steps are the first burn-in steps.
+    warm = max(num_burnin, settings.steps_per_call)
+    bar = _inner_bar(warm, progress, f"{system} x{self.batch} warm-up")
+    start = time.perf_counter()
+    self.stepper = nuts_systems.make_stepper(system, problem, settings, init)
+    self.next_step = 0
+    self._run(self.stepper.steps_per_call, bar)
+    self.first_call_sec = time.perf_counter() - start
+    start = time.perf_counter()
+    self._run(warm - self.next_step, bar)
+    self.burnin_sec = time.perf_counter() - start
+    if bar is not None:
+      bar.close()
+    self.windows = []
+
+  def _run(self, n, bar):
+    """The outcomes of the next `n` steps, in calls of `steps_per_call`."""
+    per_call = self.stepper.steps_per_call
+    outcomes = []
+    for i in range(self.next_step, self.next_step + n, per_call):
+      outcomes += self.stepper.run_steps(i, per_call)
       if bar is not None:
         bar.update(per_call)
-      yield from outcomes
+    self.next_step += n
+    return outcomes
 
-  list(calls(0, per_call))
-  first_call_sec = time.perf_counter() - start
-  start = time.perf_counter()
-  list(calls(per_call, warm))
-  burnin_sec = time.perf_counter() - start
-  draws, used, computed, accept = [], 0, 0, []
-  start = time.perf_counter()
-  for out in calls(warm, warm + num_results):
-    draws.append(out.state)
-    used += out.grads_used
-    computed += out.grads_computed
-    if out.accept_stat is not None:
-      accept.append(out.accept_stat)
-  timed_sec = time.perf_counter() - start
-  if bar is not None:
-    bar.close()
-  chains, batch = stepper.chains_run, len(init)
-  # (the limits' states are leapfrog end points, not MCMC draws.)
-  ess = (min_ess(np.stack(draws))
-         if draws and system not in nuts_systems.LIMITS else None)
-  k = (settings.num_trajectories_per_step
-       if system in nuts_systems.FUSING else 1)
-  record = _record(
-      system, problem, settings, batch, k, first_call_sec=first_call_sec,
-      burnin_sec=burnin_sec, timed_sec=timed_sec, num_results=num_results,
-      grads_used=used, grads_computed=computed, chains_run=chains,
-      computed_is_estimate=bool(stepper.computed_is_estimate),
-      accept=np.mean(accept) if accept else None, ess=ess,
-      trajectories=chains * num_results * k)
-  record["steps_per_call"] = per_call
-  notes = []
-  if system in nuts_systems.LIMITS:
-    record["leapfrogs_per_step"] = settings.limit_leapfrogs
-    notes.append("raw batched leapfrog loop"
-                 + (" with the log density" if system == "limit_logp" else "")
-                 + f"; a step is {settings.limit_leapfrogs} leapfrog steps")
-  elif system == "unbatched" and chains < batch:
-    notes.append(f"one chain at a time; timed {chains} chains, rate per "
-                 "chain extrapolated to the batch")
-  if per_call < settings.steps_per_call and system not in nuts_systems.LIMITS:
-    notes.append("runs eagerly: one step per call")
-  if record["computed_is_estimate"]:
-    notes.append(nuts_systems.COMPUTED_ESTIMATE_NOTE)
-  if notes:
-    record["note"] = "; ".join(notes)
-  if system in nuts_systems.TRACEABLE:
-    record["traced_kernel"] = settings.trace_kernel
-  return record
+  def time_window(self, num_results):
+    """Times the next `num_results` steps; returns their seconds."""
+    bar = _inner_bar(num_results, self.progress,
+                     f"{self.system} x{self.batch} round "
+                     f"{len(self.windows) + 1}")
+    start = time.perf_counter()
+    outcomes = self._run(num_results, bar)
+    timed_sec = time.perf_counter() - start
+    if bar is not None:
+      bar.close()
+    self.windows.append((timed_sec, outcomes))
+    return timed_sec
+
+  def record(self):
+    """The JSON record of the timed windows (see `_record`)."""
+    system, settings = self.system, self.settings
+    outcomes = [out for _, window in self.windows for out in window]
+    rates = [sum(out.grads_used for out in window) / sec
+             for sec, window in self.windows]
+    chains, batch = self.stepper.chains_run, self.batch
+    # (the limits' states are leapfrog end points, not MCMC draws.)
+    ess = (min_ess(np.stack([out.state for out in outcomes]))
+           if outcomes and system not in nuts_systems.LIMITS else None)
+    accept = [out.accept_stat for out in outcomes
+              if out.accept_stat is not None]
+    k = (settings.num_trajectories_per_step
+         if system in nuts_systems.FUSING else 1)
+    num_results = len(self.windows[0][1])
+    record = _record(
+        system, self.problem, settings, batch, k,
+        first_call_sec=self.first_call_sec, burnin_sec=self.burnin_sec,
+        window_secs=[sec for sec, _ in self.windows],
+        num_results=num_results,
+        grads_used=sum(out.grads_used for out in outcomes),
+        grads_computed=sum(out.grads_computed for out in outcomes),
+        chains_run=chains,
+        computed_is_estimate=bool(self.stepper.computed_is_estimate),
+        accept=np.mean(accept) if accept else None, ess=ess,
+        trajectories=chains * len(outcomes) * k, rates=rates)
+    record["steps_per_call"] = per_call = self.stepper.steps_per_call
+    notes = []
+    if system in nuts_systems.LIMITS:
+      record["leapfrogs_per_step"] = settings.limit_leapfrogs
+      notes.append("raw batched leapfrog loop"
+                   + (" with the log density" if system == "limit_logp"
+                      else "")
+                   + f"; a step is {settings.limit_leapfrogs} leapfrog steps")
+    elif system == "unbatched" and chains < batch:
+      notes.append(f"one chain at a time; timed {chains} chains, rate per "
+                   "chain extrapolated to the batch")
+    if (per_call < settings.steps_per_call
+        and system not in nuts_systems.LIMITS):
+      notes.append("runs eagerly: one step per call")
+    if record["computed_is_estimate"]:
+      notes.append(nuts_systems.COMPUTED_ESTIMATE_NOTE)
+    if notes:
+      record["note"] = "; ".join(notes)
+    if system in nuts_systems.TRACEABLE:
+      record["traced_kernel"] = settings.trace_kernel
+    return record
+
+
+def measure(system, problem, settings, init, num_burnin, num_results,
+            rounds=1, progress=False):
+  """Runs `system` alone on chains starting at `init`; returns its record
+  (`rounds` timed windows of `num_results` steps one after the other)."""
+  measurement = Measurement(system, problem, settings, init, num_burnin,
+                            progress)
+  for _ in range(rounds):
+    measurement.time_window(num_results)
+  return measurement.record()
 
 
 def _record(system, problem, settings, batch, k, first_call_sec, burnin_sec,
-            timed_sec, num_results, grads_used, grads_computed, chains_run,
-            computed_is_estimate, accept, ess, trajectories):
+            window_secs, num_results, grads_used, grads_computed, chains_run,
+            computed_is_estimate, accept, ess, trajectories, rates=None):
   """One JSON record; rates of `chains_run` < `batch` chains stand for the
-  batch (they ran one after the other)."""
+  batch (they ran one after the other).
+
+  `window_secs` are the seconds of the timed windows (rounds) of
+  `num_results` steps each, and `rates` their gradients per second. The
+  record's `grads_per_sec` and `sec_per_step` are the median window's, so
+  a window slowed by the machine (other processes, frequency changes)
+  moves them less; `round_grads_per_sec` keeps every window's rate.
+  """
   scale = batch / chains_run
+  timed_sec = sum(window_secs)
+  if rates is None:
+    rates = [grads_used / timed_sec]
   return {
       "system": system, "problem": problem.name, "batch_size": batch,
       "num_trajectories_per_step": k,
-      "grads_per_sec": grads_used / timed_sec,
+      "grads_per_sec": float(np.median(rates)),
       "utilization": grads_used / max(grads_computed, 1),
-      "sec_per_step": timed_sec / num_results * scale,
+      "sec_per_step": float(np.median(window_secs)) / num_results * scale,
       "first_call_sec": first_call_sec,
       # The untimed steps after the first call: XLA-compiled kernels run
       # slower for their first few steps (see the module doc).
@@ -228,6 +286,8 @@ def _record(system, problem, settings, batch, k, first_call_sec, burnin_sec,
       "computed_is_estimate": computed_is_estimate,
       "mean_leapfrogs_per_trajectory": grads_used / max(trajectories, 1),
       "num_results": num_results, "timed_sec": timed_sec,
+      "rounds": len(window_secs),
+      "round_grads_per_sec": [float(r) for r in rates],
       "step_size": settings.step_size, "num_dims": problem.num_dims,
       "chains_run": chains_run, "extrapolated": chains_run < batch,
   }
@@ -252,7 +312,7 @@ def measure_stan(problem, settings, init, batch_sizes, num_results,
   for batch in batch_sizes:
     record = _record(
         "stan", problem, settings, batch, 1, first_call_sec=run.build_sec,
-        burnin_sec=None, timed_sec=timed_sec, num_results=num_results,
+        burnin_sec=None, window_secs=[timed_sec], num_results=num_results,
         grads_used=run.grads_used, grads_computed=run.grads_used,
         chains_run=1, computed_is_estimate=False, accept=accept, ess=ess,
         trajectories=num_results)
@@ -282,11 +342,15 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
                    num_dims=None, num_data=None, trace_kernel=True,
                    unbatched_cap=4, limit_leapfrogs=64, stan_num_results=200,
                    stan_num_warmup=200, max_step_sec=60.0, steps_per_call=1,
-                   progress=True, log=None):
+                   rounds=1, progress=True, log=None):
   """Runs the benchmark; returns `(records, skipped)` (see the module doc).
 
-  A system that fails or cannot run is skipped with its reason; once a
-  step takes longer than `max_step_sec`, its larger batch sizes are.
+  Batch size by batch size, every system is built and warmed up, then
+  timed in `rounds` rounds, each timing `num_results` steps of every
+  system in turn: a slow stretch of the machine falls on all systems of
+  a round instead of on one system's cell. A system that fails or cannot
+  run is skipped with its reason; once a step takes longer than
+  `max_step_sec`, its larger batch sizes are.
   """
   for system in systems:
     if system not in SYSTEMS:
@@ -295,9 +359,10 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
     if problem not in nuts_problems.PROBLEMS:
       raise ValueError(f"unknown problem {problem!r}; problems: "
                        f"{list(nuts_problems.PROBLEMS)}")
-  if num_results < 1 or num_burnin < 0:
-    raise ValueError("--num_results must be at least 1 and --num_burnin at "
-                     f"least 0; got {num_results} and {num_burnin}")
+  if num_results < 1 or num_burnin < 0 or rounds < 1:
+    raise ValueError("--num_results and --rounds must be at least 1 and "
+                     f"--num_burnin at least 0; got {num_results}, {rounds} "
+                     f"and {num_burnin}")
   if steps_per_call < 1 or num_results % steps_per_call or (
       num_burnin % steps_per_call):
     raise ValueError(
@@ -313,9 +378,9 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
         f"step size to 1); got {stan_num_results} and {stan_num_warmup}")
   batch_sizes = sorted(set(int(b) for b in batch_sizes))
   ks = sorted(set(int(k) for k in num_trajectories_per_step))
-  cells = [(p, s, k) for p in problems for s in systems
-           for k in (ks if s in nuts_systems.FUSING else [1])]
-  bar = _progress(len(cells) * len(batch_sizes), progress)
+  bar = _progress(sum(len(batch_sizes) for p in problems for s in systems
+                      for _ in (ks if s in nuts_systems.FUSING else [1])),
+                  progress)
   log = log or (bar.write if bar is not None else print)
   records, skipped = [], []
 
@@ -328,44 +393,68 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
     if bar is not None:
       bar.update(count)
 
-  problem_objects = {}
-  for name, system, k in cells:
-    if name not in problem_objects:
-      problem_objects[name] = nuts_problems.make_problem(
-          name, num_dims, num_data if name == "logistic_regression" else None,
-          seed)
-    problem = problem_objects[name]
-    settings = nuts_systems.Settings(
-        step_size if step_size is not None else problem.step_size,
-        max_tree_depth, unrolled_leapfrog_steps, k, seed, trace_kernel,
-        unbatched_cap, limit_leapfrogs, steps_per_call)
+  for name in problems:
+    problem = nuts_problems.make_problem(
+        name, num_dims, num_data if name == "logistic_regression" else None,
+        seed)
     pool = problem.initial_state(max(batch_sizes))
-    if bar is not None:
-      bar.set_postfix_str(f"{name} {system} k={k}")
-    if system == "stan":
+
+    def settings_for(k, problem=problem):
+      return nuts_systems.Settings(
+          step_size if step_size is not None else problem.step_size,
+          max_tree_depth, unrolled_leapfrog_steps, k, seed, trace_kernel,
+          unbatched_cap, limit_leapfrogs, steps_per_call)
+
+    if "stan" in systems:
+      if bar is not None:
+        bar.set_postfix_str(f"{name} stan")
       try:
-        records += measure_stan(problem, settings, pool, batch_sizes,
+        records += measure_stan(problem, settings_for(1), pool, batch_sizes,
                                 stan_num_results, stan_num_warmup)
         if bar is not None:
           bar.update(len(batch_sizes))
       except Exception as e:  # pylint: disable=broad-except
-        skip(name, system, k, None, _reason(e, log), len(batch_sizes))
-      continue
+        skip(name, "stan", 1, None, _reason(e, log), len(batch_sizes))
+    cells = [(s, k) for s in systems if s != "stan"
+             for k in (ks if s in nuts_systems.FUSING else [1])]
     for i, batch in enumerate(batch_sizes):
-      try:
-        record = measure(system, problem, settings, pool[:batch], num_burnin,
-                         num_results, progress)
-      except Exception as e:  # pylint: disable=broad-except
-        skip(name, system, k, batch, _reason(e, log), len(batch_sizes) - i)
-        break
-      records.append(record)
-      if bar is not None:
-        bar.update(1)
-      if record["sec_per_step"] > max_step_sec and i + 1 < len(batch_sizes):
-        skip(name, system, k, batch_sizes[i + 1],
-             f"a step took {record['sec_per_step']:.1f}s > --max_step_sec="
-             f"{max_step_sec}", len(batch_sizes) - i - 1)
-        break
+      left = len(batch_sizes) - i
+      measurements = {}
+      for system, k in cells:
+        if bar is not None:
+          bar.set_postfix_str(f"{name} {system} k={k} x{batch}")
+        try:
+          measurements[system, k] = Measurement(
+              system, problem, settings_for(k), pool[:batch], num_burnin,
+              progress)
+        except Exception as e:  # pylint: disable=broad-except
+          skip(name, system, k, batch, _reason(e, log), left)
+      failed = set()
+      for _ in range(rounds):
+        for cell, measurement in measurements.items():
+          if cell in failed:
+            continue
+          try:
+            measurement.time_window(num_results)
+          except Exception as e:  # pylint: disable=broad-except
+            failed.add(cell)
+            skip(name, cell[0], cell[1], batch, _reason(e, log), left)
+      done = []
+      for cell, measurement in measurements.items():
+        if cell in failed:
+          continue
+        record = measurement.record()
+        records.append(record)
+        if bar is not None:
+          bar.update(1)
+        if record["sec_per_step"] > max_step_sec and i + 1 < len(batch_sizes):
+          skip(name, cell[0], cell[1], batch_sizes[i + 1],
+               f"a step took {record['sec_per_step']:.1f}s > --max_step_sec="
+               f"{max_step_sec}", left - 1)
+        else:
+          done.append(cell)
+      # Failed and too slow systems stop here; the rest go on.
+      cells = done
   if bar is not None:
     bar.close()
   return records, skipped
@@ -517,6 +606,10 @@ def define_flags(flag_values=None, **defaults):
                        "tf.while_loop inside one tf.function (XLA), as "
                        "tfp.mcmc.sample_chain runs them; must divide "
                        "--num_burnin and --num_results.", flag_values=fv)
+  flags.DEFINE_integer("rounds", d("rounds", 1),
+                       "Timed windows of --num_results steps per system "
+                       "and batch size, interleaved across the systems; "
+                       "rates are the median window's.", flag_values=fv)
   flags.DEFINE_float("max_step_sec", d("max_step_sec", 60.0),
                      "Skip a system's larger batches once a step takes "
                      "longer than this.", flag_values=fv)
@@ -552,7 +645,8 @@ def run_from_flags(fv):
       limit_leapfrogs=fv.limit_leapfrogs,
       stan_num_results=fv.stan_num_results,
       stan_num_warmup=fv.stan_num_warmup, max_step_sec=fv.max_step_sec,
-      steps_per_call=fv.steps_per_call, progress=fv.progress)
+      steps_per_call=fv.steps_per_call, rounds=fv.rounds,
+      progress=fv.progress)
 
 
 def main(argv):

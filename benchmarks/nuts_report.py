@@ -58,6 +58,12 @@ def format_table(records):
   lines.append("cells: model gradients/s used by the chains, summed over "
                "chains (utilisation = used / computed); * = per-chain rate "
                "extrapolated")
+  rounds = sorted({r.get("rounds", 1) for r in records} - {1})
+  if rounds:
+    lines.append("rates: the median of {} timed rounds per cell, "
+                 "interleaved across the systems (every round's rate: "
+                 "round_grads_per_sec in the JSON)".format(
+                     " or ".join(map(str, rounds))))
   return "\n".join(lines)
 
 

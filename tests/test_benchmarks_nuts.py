@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -157,6 +158,74 @@ def test_benchmark_runs_every_system(tmp_path):
     assert stan["num_warmup"] > 0 and stan["step_size"] != 1.0, stan
     assert stan["timed_sec"] <= stan["wall_sec"], stan
   assert os.path.getsize(plot_path) > 0
+
+
+def test_rounds_interleave_the_systems_and_report_the_median_window(
+    monkeypatch):
+  # Batch size by batch size: every system warms up, then each round times
+  # one window of every system in turn, continuing its chains; a system
+  # too slow at one size stops there while the others go on.
+  calls = []
+  make_stepper = nuts_systems.make_stepper
+
+  def logged_stepper(system, problem, settings, init):
+    stepper = make_stepper(system, problem, settings, init)
+    run_steps = stepper.run_steps
+
+    def logged(first, n):
+      calls.append((system, len(init), first))
+      return run_steps(first, n)
+    stepper.run_steps = logged
+    return stepper
+  monkeypatch.setattr(nuts_systems, "make_stepper", logged_stepper)
+  records, skipped = nuts_bench.run_benchmarks(
+      systems=("tfp_iterative", "limit"), batch_sizes=(1, 2), num_results=2,
+      num_burnin=1, rounds=3, limit_leapfrogs=2, max_step_sec=1e-9,
+      progress=False, **TINY)
+
+  # Too slow for max_step_sec: both stop after batch size 1.
+  assert [(s["system"], s["batch_size"]) for s in skipped] == [
+      ("tfp_iterative", 2), ("limit", 2)]
+  assert calls == (
+      [("tfp_iterative", 1, 0), ("limit", 1, 0)]          # warm-up
+      + [(system, 1, first) for window in range(3)        # the rounds
+         for system in ("tfp_iterative", "limit")
+         for first in (1 + 2 * window, 2 + 2 * window)])
+  assert len(records) == 2
+  for r in records:
+    assert r["rounds"] == 3 and r["num_results"] == 2, r
+    assert len(r["round_grads_per_sec"]) == 3, r
+    assert r["grads_per_sec"] == sorted(r["round_grads_per_sec"])[1], r
+    assert 0 < r["sec_per_step"] * 2 * 3 < 3 * r["timed_sec"], r
+  by_system = {r["system"]: r for r in records}
+  # Six timed limit calls of 2 leapfrogs for 1 chain.
+  assert by_system["limit"]["grads_used"] == 6 * 2
+  assert "the median of 3 timed rounds" in nuts_report.format_table(records)
+
+
+def test_too_slow_system_stops_while_the_others_go_on(monkeypatch):
+  slow = nuts_systems.make_stepper
+
+  def slowed(system, problem, settings, init):
+    stepper = slow(system, problem, settings, init)
+    if system == "limit":
+      run_steps = stepper.run_steps
+
+      def sleepy(first, n):
+        time.sleep(0.3)   # a step of 0.3 s; the iterative kernel's: ~1 ms
+        return run_steps(first, n)
+      stepper.run_steps = sleepy
+    return stepper
+  monkeypatch.setattr(nuts_systems, "make_stepper", slowed)
+  records, skipped = nuts_bench.run_benchmarks(
+      systems=("tfp_iterative", "limit"), batch_sizes=(1, 2, 3),
+      num_results=1, num_burnin=0, limit_leapfrogs=1, max_step_sec=0.2,
+      progress=False, **TINY)
+  assert [(s["system"], s["batch_size"]) for s in skipped] == [
+      ("limit", 2)], skipped
+  assert sorted((r["system"], r["batch_size"]) for r in records) == [
+      ("limit", 1), ("tfp_iterative", 1), ("tfp_iterative", 2),
+      ("tfp_iterative", 3)]
 
 
 @pytest.mark.slow  # pc:xla compiled twice at a tiny size: ~1 min
@@ -346,11 +415,12 @@ def test_command_line_and_replot(tmp_path, capsys):
   output = str(tmp_path / "cli.json")
   fv = nuts_bench.define_flags(flags.FlagValues())
   fv(["nuts", "--systems=limit", "--batch_sizes=2,1", "--num_results=2",
-      "--num_dims=3", "--num_data=20", "--limit_leapfrogs=3",
+      "--num_dims=3", "--num_data=20", "--limit_leapfrogs=3", "--rounds=2",
       "--progress=false", "--output=" + output])
   nuts_bench.run_from_flags(fv)
   payload = nuts_bench.read_json(output)
   assert [r["batch_size"] for r in payload["records"]] == [1, 2]
+  assert [r["rounds"] for r in payload["records"]] == [2, 2]
   assert payload["config"]["step_size"] is None
   assert all(r["step_size"] == 0.012 for r in payload["records"])
 
