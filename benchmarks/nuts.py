@@ -33,8 +33,9 @@ steps whose states are kept.  Batch size by batch size, every system is
 warmed up first, then each round times one window of every system in
 turn, so that a slow stretch of the machine (this one's speed moves by
 1.5-2x from minute to minute) falls on every system of a round rather
-than on one system's cell; the rates are the median window's.  The default burn-in of 10 steps is there because XLA-compiled
-kernels run slower for their first steps: on 2 cores one fixed
+than on one system's cell; the rates are the median window's.  The
+default burn-in of 10 steps is there because XLA-compiled kernels run
+slower for their first steps: on 2 cores one fixed
 logistic-regression transition of `pc:xla` took 26, 15, 8, 8, 6 ms on its
 first calls and 4.5-5 ms from about the eighth (TFP's reference kernel: 15
 then 9 ms; with one intra-op thread the slow start was 2 calls long; the
@@ -181,7 +182,7 @@ class Measurement:
     return outcomes
 
   def time_window(self, num_results):
-    """Times the next `num_results` steps; returns their seconds."""
+    """Times the next `num_results` steps as one window."""
     bar = _inner_bar(num_results, self.progress,
                      f"{self.system} x{self.batch} round "
                      f"{len(self.windows) + 1}")
@@ -191,7 +192,6 @@ class Measurement:
     if bar is not None:
       bar.close()
     self.windows.append((timed_sec, outcomes))
-    return timed_sec
 
   def record(self):
     """The JSON record of the timed windows (see `_record`)."""
@@ -240,17 +240,6 @@ class Measurement:
     if system in nuts_systems.TRACEABLE:
       record["traced_kernel"] = settings.trace_kernel
     return record
-
-
-def measure(system, problem, settings, init, num_burnin, num_results,
-            rounds=1, progress=False):
-  """Runs `system` alone on chains starting at `init`; returns its record
-  (`rounds` timed windows of `num_results` steps one after the other)."""
-  measurement = Measurement(system, problem, settings, init, num_burnin,
-                            progress)
-  for _ in range(rounds):
-    measurement.time_window(num_results)
-  return measurement.record()
 
 
 def _record(system, problem, settings, batch, k, first_call_sec, burnin_sec,
@@ -378,8 +367,9 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
         f"step size to 1); got {stan_num_results} and {stan_num_warmup}")
   batch_sizes = sorted(set(int(b) for b in batch_sizes))
   ks = sorted(set(int(k) for k in num_trajectories_per_step))
-  bar = _progress(sum(len(batch_sizes) for p in problems for s in systems
-                      for _ in (ks if s in nuts_systems.FUSING else [1])),
+  all_cells = [(s, k) for s in systems
+               for k in (ks if s in nuts_systems.FUSING else [1])]
+  bar = _progress(len(problems) * len(all_cells) * len(batch_sizes),
                   progress)
   log = log or (bar.write if bar is not None else print)
   records, skipped = [], []
@@ -415,8 +405,7 @@ def run_benchmarks(problems=("logistic_regression",), systems=SYSTEMS,
           bar.update(len(batch_sizes))
       except Exception as e:  # pylint: disable=broad-except
         skip(name, "stan", 1, None, _reason(e, log), len(batch_sizes))
-    cells = [(s, k) for s in systems if s != "stan"
-             for k in (ks if s in nuts_systems.FUSING else [1])]
+    cells = [(s, k) for s, k in all_cells if s != "stan"]
     for i, batch in enumerate(batch_sizes):
       left = len(batch_sizes) - i
       measurements = {}
