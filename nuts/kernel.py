@@ -244,22 +244,24 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                  seed)
     return self._one_step(current_state, previous_kernel_results, seed)
 
+  def batched_program(self, current_state, kernel_results):
+    """The `@tab.batch` function that `one_step` runs on states like
+    `current_state`: `.ir(level=2)` prints the NUTS program the VM runs
+    (its blocks in the order the VM dispatches them), and after an eager
+    `one_step`, `.last_stats` holds that call's run statistics."""
+    parts, is_list = _as_parts(current_state)
+    _, layout = _layout(parts, is_list, kernel_results)
+    (nuts_steps, _, _, _), _ = self._program(layout)
+    return nuts_steps
+
   def _one_step(self, current_state, previous_kernel_results, seed):
     parts, is_list = _as_parts(current_state)
     results = previous_kernel_results
-    chain_ndims = results.target_log_prob.shape.rank
-    if chain_ndims is None:
-      raise ValueError("the rank of target_log_prob must be known")
+    chain_ndims, layout = _layout(parts, is_list, results)
+    event_shapes = layout[0]
+    dtype = parts[0].dtype
     chain_shape = tf.shape(results.target_log_prob)
     num_chains = tf.reduce_prod(chain_shape)
-    event_shapes = tuple(tuple(int(d) for d in p.shape[chain_ndims:])
-                         for p in parts)
-    dtype = parts[0].dtype
-    for p in parts:
-      if p.dtype != dtype:
-        raise TypeError("all state parts must share one float dtype, got "
-                        f"{[q.dtype.name for q in parts]}")
-    layout = (event_shapes, is_list)
     (nuts_steps, _, _, _), _ = self._program(layout)
 
     sizes = [int(np.prod(s)) for s in event_shapes]
@@ -333,6 +335,23 @@ def _as_parts(state):
     if not p.dtype.is_floating:
       raise TypeError(f"NUTS states must be floating point, got {p.dtype.name}")
   return parts, is_list
+
+
+def _layout(parts, is_list, kernel_results):
+  """`(chain_ndims, layout)`: the chain dimensions (the rank of the
+  results' `target_log_prob`) and the state layout the NUTS program is
+  built for (per-chain part shapes, list or single tensor)."""
+  chain_ndims = kernel_results.target_log_prob.shape.rank
+  if chain_ndims is None:
+    raise ValueError("the rank of target_log_prob must be known")
+  dtype = parts[0].dtype
+  for p in parts:
+    if p.dtype != dtype:
+      raise TypeError("all state parts must share one float dtype, got "
+                      f"{[q.dtype.name for q in parts]}")
+  event_shapes = tuple(tuple(int(d) for d in p.shape[chain_ndims:])
+                       for p in parts)
+  return chain_ndims, (event_shapes, is_list)
 
 
 def _check_finite_start(logp):

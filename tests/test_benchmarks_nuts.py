@@ -481,3 +481,35 @@ def test_vm_steps_benchmark_times_the_same_transition_with_chains_unknown():
           unknown["chains_known_at_trace"]) == (True, False)
   assert known["leapfrogs"] == unknown["leapfrogs"] > 0
   assert known["vm_steps"] == unknown["vm_steps"]
+
+
+def test_profile_charges_every_kernel_to_a_block_the_loop_or_around():
+  """benchmarks.nuts_profile: the profiled kernels are charged to the VM's
+  blocks by their place in the compiled HLO, and what it reports agrees
+  with the run statistics of the same transition."""
+  from benchmarks import nuts_profile
+  problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
+  record = nuts_profile.profile(problem, chains=2, num_trajectories=1,
+                                warmup=0, repeats=2)
+  labels = set(record["blocks"])
+  model_blocks = set(record["model_blocks"])
+  assert len(labels) == len(record["blocks"]) > len(model_blocks) > 0
+  places = {p["place"]: p for p in record["places"]}
+  assert set(places) <= labels | {nuts_profile.VM_LOOP,
+                                  nuts_profile.AROUND_VM}
+  # The blocks' kernels, the loop's (register and stack writes, the
+  # schedule) and the model's, each found where it runs.
+  assert places[nuts_profile.VM_LOOP]["executions"] == record["vm_steps"]
+  assert places[nuts_profile.VM_LOOP]["us_per_transition"] > 0
+  assert model_blocks and model_blocks <= set(places)
+  # Kernel time lands on exactly the blocks that ran (a branch off by one
+  # would charge blocks that never ran), as often as they ran.
+  ran = {label: n for label, n in record["block_executions"].items() if n}
+  assert sum(ran.values()) == record["vm_steps"]
+  assert {p: v["executions"] for p, v in places.items()
+          if p in labels} == ran
+  assert record["kernel_ms_per_transition"] * 1e3 == pytest.approx(
+      sum(k["us_per_transition"] for k in record["kernels"]))
+  assert {k["place"] for k in record["kernels"]} == set(places)
+  text = nuts_profile.report(record, top=5)
+  assert nuts_profile.VM_LOOP in text and "VM steps" in text

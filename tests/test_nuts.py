@@ -195,10 +195,12 @@ def test_every_backend_gives_the_same_samples(fused_step, backend):
   assert computed >= int(np.sum(results.leapfrogs_taken))
   if backend.startswith("pc:"):
     eager_kernel = kernel.copy(backend="pc:eager")
-    _, eager_results = eager_kernel.one_step(
-        init, eager_kernel.bootstrap_results(init), seed=[3, 4])
+    eager_start = eager_kernel.bootstrap_results(init)
+    _, eager_results = eager_kernel.one_step(init, eager_start, seed=[3, 4])
     executions = eager_kernel.last_run_stats.block_executions
-    (program, _, _, _), _ = next(iter(eager_kernel._programs.values()))
+    # The program one_step ran, and the statistics of its run.
+    program = eager_kernel.batched_program(init, eager_start)
+    assert program.last_stats is eager_kernel.last_run_stats
     calls = {b.label: [isinstance(op, ir2.Guarded) for op in b.ops
                        if getattr(ir2.unguarded(op), "batched", False)]
              for b in program.ir(level=2).blocks}

@@ -1,0 +1,329 @@
+"""Where one NUTS transition's time goes: XLA's kernels, VM block by block.
+
+    python -m benchmarks.nuts_profile --problem=correlated_gaussian \
+        --batch_size=64 \
+        --output=benchmarks/results/nuts_profile_gaussian_64.json
+
+`benchmarks.nuts_vm_steps` says what a transition costs in VM steps and
+time; this one says where the time goes. It takes the same fixed
+transition on `pc:xla` (same state and seed every call), times it, then
+runs it `--repeats` more times under TensorFlow's profiler and reads back
+every XLA kernel the compiled step ran. The profile carries the optimised
+HLO module that made the kernels, so each kernel is named by its HLO
+instruction (opcode, shape; a dot's contracting dimensions) and charged
+to where that instruction sits:
+
+- a VM block: the instruction is in that block's branch of the VM's
+  `tf.switch_case` (the blocks are IR-2's, `kernel.batched_program(...)
+  .ir(level=2)`, in the order the VM dispatches them);
+- "VM loop": in the VM's `tf.while_loop` but outside the blocks: applying a
+  block's register and stack writes, the schedule, the run counters;
+- "around the VM": the kernel's code before and after the batched program
+  (flattening the state, the chains' seeds, the results).
+
+Kernel times are summed over threads: XLA splits some kernels across the
+intra-op thread pool and runs some beside others, so the sum can exceed the
+transition's wall time (`transition_ms`, the median of `--repeats` calls
+timed without the profiler). Compare kernels and blocks with each other.
+The profiler's own bookkeeping slows the profiled calls somewhat.
+"""
+import collections
+import json
+import os
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+# TensorFlow's profiler and XLA protocol buffers: the profile's layout
+# (XSpace) and the HLO module it carries. Imported here only.
+from tensorflow.compiler.xla import xla_data_pb2
+from tensorflow.compiler.xla.service import hlo_pb2
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+import nuts
+from benchmarks import nuts_problems
+from benchmarks import programs as bench
+from tfp_autobatch.ir import ir2
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("problem", "correlated_gaussian", nuts_problems.PROBLEMS,
+                  "Target (see benchmarks/nuts_problems.py).")
+flags.DEFINE_integer("batch_size", 64, "Number of chains.")
+flags.DEFINE_integer("num_trajectories_per_step", 1,
+                     "Trajectories fused into one transition.")
+flags.DEFINE_integer("warmup", 10,
+                     "Untimed transitions after the first call (XLA-compiled "
+                     "kernels run slower for their first few calls).")
+flags.DEFINE_integer("repeats", 5,
+                     "Transitions timed, then as many profiled.")
+flags.DEFINE_integer("top", 25, "Kernels listed, the costliest first.")
+flags.DEFINE_integer("num_dims", None, "State dimension (default 100).")
+flags.DEFINE_integer("num_data", None,
+                     "Logistic regression data points (default 10,000).")
+flags.DEFINE_string("output", None, "JSON file for the profile.")
+
+VM_LOOP = "VM loop"
+AROUND_VM = "around the VM"
+# Instructions whose kernels only run others (their events span their
+# callees' kernels, which are counted themselves).
+_CONTAINERS = ("conditional", "while", "call")
+
+
+class HloIndex:
+  """Where each instruction of an optimised HLO module sits: its
+  computation, and the chain of calling instructions up to the entry."""
+
+  def __init__(self, module):
+    self.instructions = {}    # name -> (HloInstructionProto, computation id)
+    self.caller = {}          # computation id -> (instruction, branch index)
+    for computation in module.computations:
+      for ins in computation.instructions:
+        self.instructions[ins.name] = (ins, computation.id)
+        for i, callee in enumerate(ins.called_computation_ids):
+          branch = i if ins.opcode == "conditional" else None
+          self.caller.setdefault(callee, (ins, branch))
+    self._computation_of = {ins.id: c for ins, c in
+                            self.instructions.values()}
+
+  def callers(self, name):
+    """`[(instruction, branch index or None)]` from `name`'s computation up
+    to the entry computation, innermost first."""
+    chain = []
+    computation = self.instructions[name][1]
+    while computation in self.caller:
+      ins, branch = self.caller[computation]
+      chain.append((ins, branch))
+      computation = self._computation_of[ins.id]
+    return chain
+
+  def dispatch(self, num_blocks):
+    """The VM's block dispatch: the outermost conditional with one branch
+    per block, or None."""
+    switches = [ins for ins, _ in self.instructions.values()
+                if ins.opcode == "conditional"
+                and len(ins.called_computation_ids) == num_blocks]
+    if not switches:
+      return None
+    return min(switches, key=lambda ins: len(self.callers(ins.name)))
+
+  def place(self, name, dispatch):
+    """`(block index or None, inside the VM loop)` of instruction `name`."""
+    if dispatch is None:
+      return None, False
+    chain = self.callers(name)
+    for ins, branch in chain:
+      if ins.id == dispatch.id:
+        return branch, True
+    # In the loop that holds the dispatch, outside the dispatch.
+    loop = next((ins for ins, _ in self.callers(dispatch.name)
+                 if ins.opcode == "while"), None)
+    return None, loop is not None and any(ins.id == loop.id
+                                          for ins, _ in chain)
+
+  def describe(self, name):
+    """The instruction's opcode and result shape, e.g. `dot f32[100,8]
+    (lhs contracting 0)`."""
+    ins = self.instructions[name][0]
+    what = ins.opcode
+    if ins.opcode == "fusion" and ins.fusion_kind:
+      what += f"({ins.fusion_kind})"
+    text = f"{what} {_shape(ins.shape)}"
+    if ins.opcode == "dot":
+      numbers = ins.dot_dimension_numbers
+      text += (f" (lhs contracting {list(numbers.lhs_contracting_dimensions)},"
+               f" rhs contracting {list(numbers.rhs_contracting_dimensions)})")
+    return text
+
+
+def _shape(shape):
+  if shape.tuple_shapes:
+    return "(" + ", ".join(_shape(s) for s in shape.tuple_shapes) + ")"
+  dtype = xla_data_pb2.PrimitiveType.Name(shape.element_type).lower()
+  return f"{dtype}{list(shape.dimensions)}"
+
+
+def read_profile(logdir):
+  """The XSpace the profiler wrote under `logdir` (the newest)."""
+  paths = []
+  for root, _, files in os.walk(logdir):
+    paths += [os.path.join(root, f) for f in files
+              if f.endswith(".xplane.pb")]
+  if not paths:
+    raise RuntimeError(f"the profiler wrote no .xplane.pb under {logdir}")
+  space = xplane_pb2.XSpace()
+  with open(max(paths, key=os.path.getmtime), "rb") as f:
+    space.ParseFromString(f.read())
+  return space
+
+
+def hlo_modules(space):
+  """{program id: HloModuleProto} of the XLA programs the profile ran."""
+  modules = {}
+  for plane in space.planes:
+    for program_id, event in plane.event_metadata.items():
+      for stat in event.stats:
+        if plane.stat_metadata[stat.metadata_id].name == "Hlo Proto":
+          proto = hlo_pb2.HloProto()
+          proto.ParseFromString(stat.bytes_value)
+          modules[program_id] = proto.hlo_module
+  return modules
+
+
+def kernel_events(space):
+  """`[(program id, HLO instruction name, seconds)]`: every XLA kernel
+  event of the profile."""
+  events = []
+  for plane in space.planes:
+    names = {k: m.name for k, m in plane.stat_metadata.items()}
+    for line in plane.lines:
+      for event in line.events:
+        stats = {names.get(s.metadata_id): s for s in event.stats}
+        if "hlo_op" not in stats or "program_id" not in stats:
+          continue
+        op = stats["hlo_op"]
+        name = names.get(op.ref_value) if op.ref_value else op.str_value
+        program = stats["program_id"]
+        program_id = program.int64_value or program.uint64_value
+        events.append((program_id, name, event.duration_ps * 1e-12))
+  return events
+
+
+def attribute(space, block_labels, repeats):
+  """Kernel time per transition, by kernel and by place (see the module
+  docstring). `block_labels` are the VM's blocks in dispatch order."""
+  modules = hlo_modules(space)
+  indexes = {pid: HloIndex(module) for pid, module in modules.items()}
+  seconds = collections.Counter()
+  calls = collections.Counter()
+  places = {}
+  for program_id, name, duration in kernel_events(space):
+    index = indexes.get(program_id)
+    if index is None or name not in index.instructions:
+      continue
+    if index.instructions[name][0].opcode in _CONTAINERS:
+      continue
+    key = (program_id, name)
+    if key not in places:
+      block, in_loop = index.place(name, index.dispatch(len(block_labels)))
+      places[key] = (block_labels[block] if block is not None
+                     else VM_LOOP if in_loop else AROUND_VM)
+    seconds[key] += duration
+    calls[key] += 1
+  kernels = [{
+      "name": name, "place": places[(pid, name)],
+      "hlo": indexes[pid].describe(name),
+      "calls_per_transition": calls[(pid, name)] / repeats,
+      "us_per_transition": seconds[(pid, name)] / repeats * 1e6,
+      "us_per_call": seconds[(pid, name)] / calls[(pid, name)] * 1e6,
+  } for pid, name in seconds]
+  kernels.sort(key=lambda k: -k["us_per_transition"])
+  return kernels
+
+
+def profile(problem, chains, num_trajectories, warmup, repeats):
+  """One record: the transition's time and its kernels by place."""
+  kernel = nuts.NoUTurnSampler(
+      problem.target_log_prob, problem.step_size, backend="pc:xla",
+      num_trajectories_per_step=num_trajectories)
+  state = tf.constant(problem.initial_state(chains))
+  results = kernel.bootstrap_results(state)
+  seed = tf.constant([0, 7])
+  step = tf.function(lambda state, results, seed: kernel.one_step(
+      state, results, seed=seed))
+
+  def transition():
+    step(state, results, seed)[1].target_log_prob.numpy()
+
+  for _ in range(1 + warmup):
+    transition()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    transition()
+    times.append(time.perf_counter() - start)
+  with tempfile.TemporaryDirectory() as logdir:
+    tf.profiler.experimental.start(logdir)
+    try:
+      for _ in range(repeats):
+        transition()
+    finally:
+      tf.profiler.experimental.stop()
+    space = read_profile(logdir)
+  kernel.one_step(state, results, seed=seed)    # eagerly: run statistics
+  stats = kernel.last_run_stats
+  blocks = kernel.batched_program(state, results).ir(level=2).blocks
+  labels = [b.label for b in blocks]
+  kernels = attribute(space, labels, repeats)
+  per_place = collections.Counter()
+  for k in kernels:
+    per_place[k["place"]] += k["us_per_transition"]
+  executions = dict(stats.block_executions, **{VM_LOOP: stats.steps})
+  places = [{
+      "place": place, "executions": executions.get(place),
+      "us_per_transition": us,
+      "us_per_execution": (us / executions[place]
+                           if executions.get(place) else None),
+  } for place, us in per_place.most_common()]
+  return {
+      "problem": problem.name, "batch_size": chains,
+      "num_trajectories_per_step": num_trajectories,
+      "num_dims": problem.num_dims, "warmup": warmup, "repeats": repeats,
+      "vm_steps": stats.steps,
+      "blocks": labels,
+      "block_executions": stats.block_executions,
+      "model_blocks": [b.label for b in blocks
+                       if ir2.calls_batched_primitive(b)],
+      "transition_ms": float(np.median(times)) * 1e3,
+      "kernel_ms_per_transition": sum(per_place.values()) / 1e3,
+      "places": places, "kernels": kernels,
+  }
+
+
+def report(record, top):
+  """The record as text: places, then the costliest kernels."""
+  lines = [
+      f"{record['problem']} d={record['num_dims']} "
+      f"chains={record['batch_size']} "
+      f"k={record['num_trajectories_per_step']}: {record['vm_steps']} VM "
+      f"steps, {record['transition_ms']:.2f} ms a transition (median of "
+      f"{record['repeats']}), {record['kernel_ms_per_transition']:.2f} ms "
+      "of XLA kernels (summed over threads)",
+      "",
+      f"{'where':<28} {'runs':>6} {'us/transition':>14} {'us/run':>9}"]
+  for p in record["places"]:
+    runs = "" if p["executions"] is None else str(p["executions"])
+    each = ("" if p["us_per_execution"] is None
+            else f"{p['us_per_execution']:.1f}")
+    lines.append(f"{p['place']:<28} {runs:>6} "
+                 f"{p['us_per_transition']:>14.1f} {each:>9}")
+  lines += ["", f"{'kernel':<30} {'where':<24} {'calls':>6} "
+                f"{'us/transition':>14} {'us/call':>8}  hlo"]
+  for k in record["kernels"][:top]:
+    lines.append(f"{k['name'][:30]:<30} {k['place'][:24]:<24} "
+                 f"{k['calls_per_transition']:>6.1f} "
+                 f"{k['us_per_transition']:>14.1f} {k['us_per_call']:>8.1f}"
+                 f"  {k['hlo']}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  sizes = {k: v for k, v in (("num_dims", FLAGS.num_dims),
+                             ("num_data", FLAGS.num_data)) if v is not None}
+  problem = nuts_problems.make_problem(FLAGS.problem, **sizes)
+  record = profile(problem, FLAGS.batch_size,
+                   FLAGS.num_trajectories_per_step, FLAGS.warmup,
+                   FLAGS.repeats)
+  print(report(record, FLAGS.top))
+  if FLAGS.output:
+    with open(FLAGS.output, "w") as f:
+      json.dump({"machine": bench.machine_info(), "record": record}, f,
+                indent=1)
+    print(f"wrote {FLAGS.output}")
+
+
+if __name__ == "__main__":
+  app.run(main)
