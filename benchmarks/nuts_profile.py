@@ -50,23 +50,6 @@ from benchmarks import nuts_problems
 from benchmarks import programs as bench
 from tfp_autobatch.ir import ir2
 
-FLAGS = flags.FLAGS
-flags.DEFINE_enum("problem", "correlated_gaussian", nuts_problems.PROBLEMS,
-                  "Target (see benchmarks/nuts_problems.py).")
-flags.DEFINE_integer("batch_size", 64, "Number of chains.")
-flags.DEFINE_integer("num_trajectories_per_step", 1,
-                     "Trajectories fused into one transition.")
-flags.DEFINE_integer("warmup", 10,
-                     "Untimed transitions after the first call (XLA-compiled "
-                     "kernels run slower for their first few calls).")
-flags.DEFINE_integer("repeats", 5,
-                     "Transitions timed, then as many profiled.")
-flags.DEFINE_integer("top", 25, "Kernels listed, the costliest first.")
-flags.DEFINE_integer("num_dims", None, "State dimension (default 100).")
-flags.DEFINE_integer("num_data", None,
-                     "Logistic regression data points (default 10,000).")
-flags.DEFINE_string("output", None, "JSON file for the profile.")
-
 VM_LOOP = "VM loop"
 AROUND_VM = "around the VM"
 # Instructions whose kernels only run others (their events span their
@@ -315,21 +298,61 @@ def report(record, top):
   return "\n".join(lines)
 
 
-def main(argv):
-  del argv
-  sizes = {k: v for k, v in (("num_dims", FLAGS.num_dims),
-                             ("num_data", FLAGS.num_data)) if v is not None}
-  problem = nuts_problems.make_problem(FLAGS.problem, **sizes)
-  record = profile(problem, FLAGS.batch_size,
-                   FLAGS.num_trajectories_per_step, FLAGS.warmup,
-                   FLAGS.repeats)
-  print(report(record, FLAGS.top))
-  if FLAGS.output:
-    with open(FLAGS.output, "w") as f:
+# Command line. Flags are defined only when run as a program, so importing
+# this module (as the tests do, beside other benchmarks) defines none.
+
+def define_flags(flag_values=None):
+  """Defines the flags on `flag_values` (default absl's); returns them."""
+  fv = flags.FLAGS if flag_values is None else flag_values
+  flags.DEFINE_enum("problem", "correlated_gaussian", nuts_problems.PROBLEMS,
+                    "Target (see benchmarks/nuts_problems.py).",
+                    flag_values=fv)
+  flags.DEFINE_integer("batch_size", 64, "Number of chains.", flag_values=fv)
+  flags.DEFINE_integer("num_trajectories_per_step", 1,
+                       "Trajectories fused into one transition.",
+                       flag_values=fv)
+  flags.DEFINE_integer("warmup", 10,
+                       "Untimed transitions after the first call "
+                       "(XLA-compiled kernels run slower for their first "
+                       "few calls).", flag_values=fv)
+  flags.DEFINE_integer("repeats", 5,
+                       "Transitions timed, then as many profiled.",
+                       flag_values=fv)
+  flags.DEFINE_integer("top", 25, "Kernels listed, the costliest first.",
+                       flag_values=fv)
+  flags.DEFINE_integer("num_dims", None, "State dimension (default 100).",
+                       flag_values=fv)
+  flags.DEFINE_integer("num_data", None,
+                       "Logistic regression data points (default 10,000).",
+                       flag_values=fv)
+  flags.DEFINE_string("output", None, "JSON file for the profile.",
+                      flag_values=fv)
+  return fv
+
+
+def run_from_flags(fv):
+  """Profiles as the parsed flags `fv` say; prints the report, writes the
+  JSON if asked, and returns the record."""
+  sizes = {k: v for k, v in (("num_dims", fv.num_dims),
+                             ("num_data", fv.num_data)) if v is not None}
+  problem = nuts_problems.make_problem(fv.problem, **sizes)
+  record = profile(problem, fv.batch_size, fv.num_trajectories_per_step,
+                   fv.warmup, fv.repeats)
+  print(report(record, fv.top))
+  if fv.output:
+    with open(fv.output, "w") as f:
       json.dump({"machine": bench.machine_info(), "record": record}, f,
                 indent=1)
-    print(f"wrote {FLAGS.output}")
+    print(f"wrote {fv.output}")
+  return record
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise SystemExit(f"unexpected arguments: {argv[1:]}")
+  run_from_flags(flags.FLAGS)
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -483,14 +483,24 @@ def test_vm_steps_benchmark_times_the_same_transition_with_chains_unknown():
   assert known["vm_steps"] == unknown["vm_steps"]
 
 
-def test_profile_charges_every_kernel_to_a_block_the_loop_or_around():
-  """benchmarks.nuts_profile: the profiled kernels are charged to the VM's
-  blocks by their place in the compiled HLO, and what it reports agrees
-  with the run statistics of the same transition."""
+def test_profile_charges_every_kernel_to_a_block_the_loop_or_around(
+    tmp_path, capsys):
+  """benchmarks.nuts_profile (driven by its flags): the profiled kernels
+  are charged to the VM's blocks by their place in the compiled HLO, and
+  what it reports agrees with the run statistics of the same transition."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
   from benchmarks import nuts_profile
-  problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
-  record = nuts_profile.profile(problem, chains=2, num_trajectories=1,
-                                warmup=0, repeats=2)
+  output = str(tmp_path / "profile.json")
+  fv = nuts_profile.define_flags(flags.FlagValues())
+  fv(["nuts_profile", "--num_dims=3", "--batch_size=2", "--warmup=0",
+      "--repeats=2", "--top=5", "--output=" + output])
+  returned = nuts_profile.run_from_flags(fv)
+  text = capsys.readouterr().out
+  with open(output) as f:
+    record = json.load(f)["record"]
+  assert record["kernels"] == returned["kernels"]
+  assert (record["problem"], record["batch_size"]) == (
+      "correlated_gaussian", 2)
   labels = set(record["blocks"])
   model_blocks = set(record["model_blocks"])
   assert len(labels) == len(record["blocks"]) > len(model_blocks) > 0
@@ -511,5 +521,10 @@ def test_profile_charges_every_kernel_to_a_block_the_loop_or_around():
   assert record["kernel_ms_per_transition"] * 1e3 == pytest.approx(
       sum(k["us_per_transition"] for k in record["kernels"]))
   assert {k["place"] for k in record["kernels"]} == set(places)
-  text = nuts_profile.report(record, top=5)
-  assert nuts_profile.VM_LOOP in text and "VM steps" in text
+  assert f"{record['vm_steps']} VM steps" in text
+  assert nuts_profile.VM_LOOP in text and "wrote " + output in text
+  # The report lists the --top costliest kernels, the costliest first.
+  listed = [line.split()[0] for line in
+            text.split("\nkernel ", 1)[1].splitlines()[1:]
+            if line.strip() and not line.startswith("wrote ")]
+  assert listed == [k["name"] for k in record["kernels"][:5]]
