@@ -58,59 +58,56 @@ _CONTAINERS = ("conditional", "while", "call")
 
 
 class HloIndex:
-  """Where each instruction of an optimised HLO module sits: its
-  computation, and the chain of calling instructions up to the entry."""
+  """Where each instruction of an optimised HLO module of the VM sits: in
+  which block's branch of the VM's dispatch, in the VM's loop outside the
+  dispatch, or elsewhere."""
 
-  def __init__(self, module):
+  def __init__(self, module, num_blocks):
+    """`num_blocks`: the VM's blocks, one branch each in its dispatch."""
     self.instructions = {}    # name -> (HloInstructionProto, computation id)
-    self.caller = {}          # computation id -> (instruction, branch index)
+    self._caller = {}         # computation id -> (instruction, branch index)
     for computation in module.computations:
       for ins in computation.instructions:
         self.instructions[ins.name] = (ins, computation.id)
         for i, callee in enumerate(ins.called_computation_ids):
           branch = i if ins.opcode == "conditional" else None
-          self.caller.setdefault(callee, (ins, branch))
+          self._caller.setdefault(callee, (ins, branch))
     self._computation_of = {ins.id: c for ins, c in
                             self.instructions.values()}
+    # The dispatch: the outermost conditional with a branch per block.
+    switches = [ins for ins, _ in self.instructions.values()
+                if ins.opcode == "conditional"
+                and len(ins.called_computation_ids) == num_blocks]
+    self.dispatch = self.loop = None    # a module without the VM
+    if switches:
+      self.dispatch = min(switches,
+                          key=lambda ins: len(self._callers(ins.name)))
+      self.loop = next((ins for ins, _ in self._callers(self.dispatch.name)
+                        if ins.opcode == "while"), None)
 
-  def callers(self, name):
+  def _callers(self, name):
     """`[(instruction, branch index or None)]` from `name`'s computation up
     to the entry computation, innermost first."""
     chain = []
     computation = self.instructions[name][1]
-    while computation in self.caller:
-      ins, branch = self.caller[computation]
+    while computation in self._caller:
+      ins, branch = self._caller[computation]
       chain.append((ins, branch))
       computation = self._computation_of[ins.id]
     return chain
 
-  def dispatch(self, num_blocks):
-    """The VM's block dispatch: the outermost conditional with one branch
-    per block, or None."""
-    switches = [ins for ins, _ in self.instructions.values()
-                if ins.opcode == "conditional"
-                and len(ins.called_computation_ids) == num_blocks]
-    if not switches:
-      return None
-    return min(switches, key=lambda ins: len(self.callers(ins.name)))
-
-  def place(self, name, dispatch):
+  def place(self, name):
     """`(block index or None, inside the VM loop)` of instruction `name`."""
-    if dispatch is None:
-      return None, False
-    chain = self.callers(name)
+    chain = self._callers(name)
     for ins, branch in chain:
-      if ins.id == dispatch.id:
+      if self.dispatch is not None and ins.id == self.dispatch.id:
         return branch, True
-    # In the loop that holds the dispatch, outside the dispatch.
-    loop = next((ins for ins, _ in self.callers(dispatch.name)
-                 if ins.opcode == "while"), None)
-    return None, loop is not None and any(ins.id == loop.id
-                                          for ins, _ in chain)
+    return None, self.loop is not None and any(ins.id == self.loop.id
+                                               for ins, _ in chain)
 
   def describe(self, name):
-    """The instruction's opcode and result shape, e.g. `dot f32[100,8]
-    (lhs contracting 0)`."""
+    """The instruction's opcode and result shape, e.g. `dot f32[100, 8]
+    (lhs contracting [0], rhs contracting [0])`."""
     ins = self.instructions[name][0]
     what = ins.opcode
     if ins.opcode == "fusion" and ins.fusion_kind:
@@ -179,12 +176,19 @@ def kernel_events(space):
 def attribute(space, block_labels, repeats):
   """Kernel time per transition, by kernel and by place (see the module
   docstring). `block_labels` are the VM's blocks in dispatch order."""
-  modules = hlo_modules(space)
-  indexes = {pid: HloIndex(module) for pid, module in modules.items()}
+  events = kernel_events(space)
+  ran = {program_id for program_id, _, _ in events}
+  indexes = {pid: HloIndex(module, len(block_labels))
+             for pid, module in hlo_modules(space).items() if pid in ran}
+  if not any(index.dispatch is not None for index in indexes.values()):
+    raise RuntimeError(
+        f"no XLA program in the profile has a conditional with "
+        f"{len(block_labels)} branches (the VM's dispatch): nothing to charge "
+        "to the VM's blocks")
   seconds = collections.Counter()
   calls = collections.Counter()
   places = {}
-  for program_id, name, duration in kernel_events(space):
+  for program_id, name, duration in events:
     index = indexes.get(program_id)
     if index is None or name not in index.instructions:
       continue
@@ -192,7 +196,7 @@ def attribute(space, block_labels, repeats):
       continue
     key = (program_id, name)
     if key not in places:
-      block, in_loop = index.place(name, index.dispatch(len(block_labels)))
+      block, in_loop = index.place(name)
       places[key] = (block_labels[block] if block is not None
                      else VM_LOOP if in_loop else AROUND_VM)
     seconds[key] += duration
