@@ -638,14 +638,19 @@ def run_from_flags(fv):
       progress=fv.progress)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise SystemExit(f"unexpected arguments: {argv[1:]}")
+def run_program(define, run):
+  """Runs a benchmark as an absl program: `define()` defines its flags,
+  then `run(flags.FLAGS)`; positional arguments are an error."""
+  from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
-  run_from_flags(flags.FLAGS)
+
+  def main(argv):
+    if len(argv) > 1:
+      raise SystemExit(f"unexpected arguments: {argv[1:]}")
+    run(flags.FLAGS)
+  define()
+  app.run(main)
 
 
 if __name__ == "__main__":
-  from absl import app  # pylint: disable=g-import-not-at-top
-  define_flags()
-  app.run(main)
+  run_program(define_flags, run_from_flags)

@@ -35,7 +35,6 @@ import os
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
@@ -46,6 +45,7 @@ from tensorflow.compiler.xla.service import hlo_pb2
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 import nuts
+from benchmarks import nuts as nuts_bench
 from benchmarks import nuts_problems
 from benchmarks import programs as bench
 from tfp_autobatch.ir import ir2
@@ -351,12 +351,5 @@ def run_from_flags(fv):
   return record
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise SystemExit(f"unexpected arguments: {argv[1:]}")
-  run_from_flags(flags.FLAGS)
-
-
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  nuts_bench.run_program(define_flags, run_from_flags)
