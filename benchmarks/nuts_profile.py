@@ -30,7 +30,6 @@ The profiler's own bookkeeping slows the profiled calls
 kernels.
 """
 import collections
-import json
 import os
 import tempfile
 import time
@@ -44,10 +43,8 @@ from tensorflow.compiler.xla import xla_data_pb2
 from tensorflow.compiler.xla.service import hlo_pb2
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-import nuts
 from benchmarks import nuts as nuts_bench
-from benchmarks import nuts_problems
-from benchmarks import programs as bench
+from benchmarks import nuts_vm_steps
 from tfp_autobatch.ir import ir2
 
 VM_LOOP = "VM loop"
@@ -214,38 +211,23 @@ def attribute(space, block_labels, repeats):
 
 def profile(problem, chains, num_trajectories, warmup, repeats):
   """One record: the transition's time and its kernels by place."""
-  kernel = nuts.NoUTurnSampler(
-      problem.target_log_prob, problem.step_size, backend="pc:xla",
-      num_trajectories_per_step=num_trajectories)
-  state = tf.constant(problem.initial_state(chains))
-  results = kernel.bootstrap_results(state)
-  seed = tf.constant([0, 7])
-  step = tf.function(lambda state, results, seed: kernel.one_step(
-      state, results, seed=seed))
-
-  def transition():
-    step(state, results, seed)[1].target_log_prob.numpy()
-
-  for _ in range(1 + warmup):
-    transition()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    transition()
-    times.append(time.perf_counter() - start)
+  transition = nuts_vm_steps.fixed_transition(problem, chains,
+                                              num_trajectories)
+  _, _, times = nuts_vm_steps.time_transitions(transition, warmup, repeats)
   with tempfile.TemporaryDirectory() as logdir:
     tf.profiler.experimental.start(logdir)
     try:
       start = time.perf_counter()
       for _ in range(repeats):
-        transition()
+        transition.run()
       profiled = (time.perf_counter() - start) / repeats
     finally:
       tf.profiler.experimental.stop()
     space = read_profile(logdir)
-  kernel.one_step(state, results, seed=seed)    # eagerly: run statistics
-  stats = kernel.last_run_stats
-  blocks = kernel.batched_program(state, results).ir(level=2).blocks
+  transition.run_eagerly()
+  stats = transition.kernel.last_run_stats
+  blocks = transition.kernel.batched_program(
+      transition.state, transition.results).ir(level=2).blocks
   labels = [b.label for b in blocks]
   kernels = attribute(space, labels, repeats)
   per_place = collections.Counter()
@@ -308,26 +290,12 @@ def report(record, top):
 def define_flags(flag_values=None):
   """Defines the flags on `flag_values` (default absl's); returns them."""
   fv = flags.FLAGS if flag_values is None else flag_values
-  flags.DEFINE_enum("problem", "correlated_gaussian", nuts_problems.PROBLEMS,
-                    "Target (see benchmarks/nuts_problems.py).",
-                    flag_values=fv)
+  nuts_vm_steps.define_transition_flags(fv)
   flags.DEFINE_integer("batch_size", 64, "Number of chains.", flag_values=fv)
-  flags.DEFINE_integer("num_trajectories_per_step", 1,
-                       "Trajectories fused into one transition.",
-                       flag_values=fv)
-  flags.DEFINE_integer("warmup", 10,
-                       "Untimed transitions after the first call "
-                       "(XLA-compiled kernels run slower for their first "
-                       "few calls).", flag_values=fv)
   flags.DEFINE_integer("repeats", 5,
                        "Transitions timed, then as many profiled.",
                        flag_values=fv)
   flags.DEFINE_integer("top", 25, "Kernels listed, the costliest first.",
-                       flag_values=fv)
-  flags.DEFINE_integer("num_dims", None, "State dimension (default 100).",
-                       flag_values=fv)
-  flags.DEFINE_integer("num_data", None,
-                       "Logistic regression data points (default 10,000).",
                        flag_values=fv)
   flags.DEFINE_string("output", None, "JSON file for the profile.",
                       flag_values=fv)
@@ -337,17 +305,11 @@ def define_flags(flag_values=None):
 def run_from_flags(fv):
   """Profiles as the parsed flags `fv` say; prints the report, writes the
   JSON if asked, and returns the record."""
-  sizes = {k: v for k, v in (("num_dims", fv.num_dims),
-                             ("num_data", fv.num_data)) if v is not None}
-  problem = nuts_problems.make_problem(fv.problem, **sizes)
-  record = profile(problem, fv.batch_size, fv.num_trajectories_per_step,
-                   fv.warmup, fv.repeats)
+  record = profile(nuts_vm_steps.problem_from_flags(fv), fv.batch_size,
+                   fv.num_trajectories_per_step, fv.warmup, fv.repeats)
   print(report(record, fv.top))
   if fv.output:
-    with open(fv.output, "w") as f:
-      json.dump({"machine": bench.machine_info(), "record": record}, f,
-                indent=1)
-    print(f"wrote {fv.output}")
+    nuts_vm_steps.write_results(fv.output, record=record)
   return record
 
 

@@ -15,39 +15,18 @@ first call's seconds (conversion, tracing and XLA compilation). With
 `--num_data` small, the logistic regression's gradient is nearly free and
 what remains is the VM's own cost.
 """
+import collections
 import json
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
 
 import nuts
+from benchmarks import nuts as nuts_bench
 from benchmarks import nuts_problems
 from benchmarks import programs as bench
-
-FLAGS = flags.FLAGS
-flags.DEFINE_enum("problem", "correlated_gaussian", nuts_problems.PROBLEMS,
-                  "Target (see benchmarks/nuts_problems.py).")
-flags.DEFINE_list("batch_sizes", ["1", "64"], "Numbers of chains.")
-flags.DEFINE_integer("num_trajectories_per_step", 1,
-                     "Trajectories fused into one transition.")
-flags.DEFINE_integer("repeats", 25, "Timed transitions.")
-flags.DEFINE_integer("warmup", 10,
-                     "Untimed transitions after the first call (XLA-compiled "
-                     "kernels run slower for their first few calls).")
-flags.DEFINE_integer("num_dims", None, "State dimension (default 100).")
-flags.DEFINE_integer("num_data", None,
-                     "Logistic regression data points (default 10,000).")
-flags.DEFINE_string("backend", "pc:xla", "A pc backend.")
-flags.DEFINE_bool("chains_known_at_trace", True,
-                  "Trace the transition with the number of chains static "
-                  "(as a fixed state gives it); false traces it with that "
-                  "dimension unknown, as in a caller's tf.function with "
-                  "[None, ...] signatures, where pc:xla runs its trace for "
-                  "any batch size instead of one per size.")
-flags.DEFINE_string("output", None, "JSON file for the results.")
 
 
 def _unknown_chains(value, chains):
@@ -59,9 +38,21 @@ def _unknown_chains(value, chains):
   return tf.TensorSpec(shape, value.dtype)
 
 
-def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
-            chains_known_at_trace=True):
-  """One record: VM steps and timings of one fixed transition."""
+FixedTransition = collections.namedtuple("FixedTransition", [
+    "kernel",     # the NoUTurnSampler
+    "state",      # the chains' start, [chains, d]
+    "results",    # its kernel results
+    "run",        # run(): the transition traced in tf.function; its
+                  # kernel results
+    "run_eagerly",  # run_eagerly(): the same, eagerly (for the kernel's
+                    # run statistics, `kernel.last_run_stats`)
+])
+
+
+def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
+                     chains_known_at_trace=True):
+  """One NUTS transition from the same state with the same seed at every
+  call, so the same work each time (what the VM benchmarks take apart)."""
   kernel = nuts.NoUTurnSampler(
       problem.target_log_prob, problem.step_size, backend=backend,
       num_trajectories_per_step=num_trajectories)
@@ -74,19 +65,42 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
                                       [state, results, seed])
   step = tf.function(lambda state, results, seed: kernel.one_step(
       state, results, seed=seed), input_signature=signature)
+
+  def run():
+    out = step(state, results, seed)[1]
+    out.target_log_prob.numpy()
+    return out
+
+  def run_eagerly():
+    return kernel.one_step(state, results, seed=seed)[1]
+  return FixedTransition(kernel, state, results, run, run_eagerly)
+
+
+def time_transitions(transition, warmup, repeats):
+  """`(kernel results, first call's seconds, seconds of each of `repeats`
+  calls)` of a `FixedTransition`, timed after `warmup` untimed calls
+  (XLA-compiled kernels run slower for their first few calls)."""
   start = time.perf_counter()
-  _, out = step(state, results, seed=seed)
-  out.target_log_prob.numpy()
+  out = transition.run()
   first = time.perf_counter() - start
   for _ in range(warmup):
-    step(state, results, seed=seed)[1].target_log_prob.numpy()
+    transition.run()
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    step(state, results, seed=seed)[1].target_log_prob.numpy()
+    transition.run()
     times.append(time.perf_counter() - start)
-  kernel.one_step(state, results, seed=seed)    # eagerly: run statistics
-  steps = kernel.last_run_stats.steps
+  return out, first, times
+
+
+def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
+            chains_known_at_trace=True):
+  """One record: VM steps and timings of one fixed transition."""
+  transition = fixed_transition(problem, chains, num_trajectories, backend,
+                                chains_known_at_trace)
+  out, first, times = time_transitions(transition, warmup, repeats)
+  transition.run_eagerly()
+  steps = transition.kernel.last_run_stats.steps
   return {
       "problem": problem.name, "backend": backend, "batch_size": chains,
       "chains_known_at_trace": chains_known_at_trace,
@@ -100,16 +114,71 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
   }
 
 
-def main(argv):
-  del argv
-  sizes = {k: v for k, v in (("num_dims", FLAGS.num_dims),
-                             ("num_data", FLAGS.num_data)) if v is not None}
-  problem = nuts_problems.make_problem(FLAGS.problem, **sizes)
+# Command line. Flags are defined only when run as a program, so importing
+# this module (as the tests and `benchmarks.nuts_profile` do) defines none.
+
+def define_transition_flags(fv):
+  """Defines on `fv` the flags that choose the fixed transition (read by
+  `problem_from_flags`, shared with `benchmarks.nuts_profile`)."""
+  flags.DEFINE_enum("problem", "correlated_gaussian", nuts_problems.PROBLEMS,
+                    "Target (see benchmarks/nuts_problems.py).",
+                    flag_values=fv)
+  flags.DEFINE_integer("num_trajectories_per_step", 1,
+                       "Trajectories fused into one transition.",
+                       flag_values=fv)
+  flags.DEFINE_integer("warmup", 10,
+                       "Untimed transitions after the first call "
+                       "(XLA-compiled kernels run slower for their first "
+                       "few calls).", flag_values=fv)
+  flags.DEFINE_integer("num_dims", None, "State dimension (default 100).",
+                       flag_values=fv)
+  flags.DEFINE_integer("num_data", None,
+                       "Logistic regression data points (default 10,000).",
+                       flag_values=fv)
+
+
+def define_flags(flag_values=None):
+  """Defines the flags on `flag_values` (default absl's); returns them."""
+  fv = flags.FLAGS if flag_values is None else flag_values
+  define_transition_flags(fv)
+  flags.DEFINE_list("batch_sizes", ["1", "64"], "Numbers of chains.",
+                    flag_values=fv)
+  flags.DEFINE_integer("repeats", 25, "Timed transitions.", flag_values=fv)
+  flags.DEFINE_string("backend", "pc:xla", "A pc backend.", flag_values=fv)
+  flags.DEFINE_bool("chains_known_at_trace", True,
+                    "Trace the transition with the number of chains static "
+                    "(as a fixed state gives it); false traces it with that "
+                    "dimension unknown, as in a caller's tf.function with "
+                    "[None, ...] signatures, where pc:xla runs its trace for "
+                    "any batch size instead of one per size.",
+                    flag_values=fv)
+  flags.DEFINE_string("output", None, "JSON file for the results.",
+                      flag_values=fv)
+  return fv
+
+
+def problem_from_flags(fv):
+  """The problem that `--problem`, `--num_dims` and `--num_data` name."""
+  sizes = {k: v for k, v in (("num_dims", fv.num_dims),
+                             ("num_data", fv.num_data)) if v is not None}
+  return nuts_problems.make_problem(fv.problem, **sizes)
+
+
+def write_results(path, **payload):
+  """Writes `payload` and the machine's description as JSON to `path`."""
+  with open(path, "w") as f:
+    json.dump(dict(machine=bench.machine_info(), **payload), f, indent=1)
+  print(f"wrote {path}")
+
+
+def run_from_flags(fv):
+  """Measures as the parsed flags `fv` say; returns the records."""
+  problem = problem_from_flags(fv)
   records = []
-  for chains in [int(b) for b in FLAGS.batch_sizes]:
-    r = measure(problem, chains, FLAGS.num_trajectories_per_step,
-                FLAGS.repeats, FLAGS.backend, FLAGS.warmup,
-                FLAGS.chains_known_at_trace)
+  for chains in [int(b) for b in fv.batch_sizes]:
+    r = measure(problem, chains, fv.num_trajectories_per_step,
+                fv.repeats, fv.backend, fv.warmup,
+                fv.chains_known_at_trace)
     records.append(r)
     print(f"{r['problem']} d={r['num_dims']} chains={chains} "
           f"k={r['num_trajectories_per_step']}: {r['vm_steps']} VM steps, "
@@ -117,12 +186,10 @@ def main(argv):
           f" (fastest {r['min_sec'] * 1e3:.2f} ms), "
           f"{r['us_per_vm_step']:.1f} us per VM step; first call "
           f"{r['first_call_sec']:.1f} s")
-  if FLAGS.output:
-    with open(FLAGS.output, "w") as f:
-      json.dump({"machine": bench.machine_info(), "records": records}, f,
-                indent=1)
-    print(f"wrote {FLAGS.output}")
+  if fv.output:
+    write_results(fv.output, records=records)
+  return records
 
 
 if __name__ == "__main__":
-  app.run(main)
+  nuts_bench.run_program(define_flags, run_from_flags)
