@@ -337,8 +337,13 @@ def test_several_chain_dimensions(fused_kernel, fused_step):
   the same samples as the 4 chains flattened."""
   state, results = fused_step
   init = tf.constant(INIT.reshape(2, 2, 3))
-  state2, results2 = fused_kernel.one_step(
-      init, fused_kernel.bootstrap_results(init), seed=[3, 4])
+  start = fused_kernel.bootstrap_results(init)
+  state2, results2 = fused_kernel.one_step(init, start, seed=[3, 4])
+  # One program per chain's state layout: [2, 2] chains of [3] run the
+  # one that 4 chains of [3] run.
+  program = fused_kernel.batched_program(init, start)
+  assert program.last_stats is fused_kernel.last_run_stats
+  assert program is fused_kernel.batched_program(state, results)
   assert state2.shape == (2, 2, 3)
   assert results2.target_log_prob.shape == (2, 2)
   np.testing.assert_allclose(np.reshape(state2, [4, 3]), state, rtol=1e-12)
@@ -372,9 +377,11 @@ def test_unrolled_leapfrogs_and_list_state_match_reference():
   kernel = nuts.NoUTurnSampler(target, [0.2, 0.3], max_tree_depth=4,
                                unrolled_leapfrog_steps=2, backend=EAGER)
   init = [tf.constant(INIT[:, :2]), tf.constant(INIT[:, 2])]
-  (x, y), results = kernel.one_step(init, kernel.bootstrap_results(init),
-                                    seed=[7, 8])
+  start = kernel.bootstrap_results(init)
+  (x, y), results = kernel.one_step(init, start, seed=[7, 8])
   assert isinstance(results.grads_target_log_prob, list)
+  assert kernel.batched_program(init, start).last_stats is (
+      kernel.last_run_stats)
   seed = np.asarray(results.seed)
   sampler = reference_numpy.Sampler(numpy_logp_and_grad, max_tree_depth=4,
                                     unrolled_leapfrog_steps=2)
