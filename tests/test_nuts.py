@@ -89,6 +89,23 @@ def test_normals_are_normal():
   assert abs((z ** 4).mean() - 3) < 5 * np.sqrt(96 / n)
 
 
+def test_float32_normals_are_the_float64_draws_in_float32_math():
+  """A float32 draw is the float64 draw to float32 precision, computed
+  without float64 transcendental ops (slow on CPUs, slower on
+  accelerators)."""
+  seed, words = tf.constant([4, 5, 6]), [tf.constant(7)]
+  z64 = nuts_random.normal(seed, words, 10000).numpy()
+  z32 = nuts_random.normal(seed, words, 10000, tf.float32).numpy()
+  assert z32.dtype == np.float32
+  np.testing.assert_allclose(z32, z64, rtol=1e-4, atol=1e-5)
+  graph = tf.function(lambda: nuts_random.normal(
+      seed, words, 3, tf.float32)).get_concrete_function().graph
+  math_ops = [op for op in graph.get_operations()
+              if op.type in ("Log", "Cos", "Sqrt")]
+  assert len(math_ops) == 3
+  assert all(op.get_attr("T") == tf.float32 for op in math_ops)
+
+
 def test_a_chain_key_draws_what_its_seed_words_draw():
   """The kernel hashes each chain's seed words once per step: the draws
   must be the same bits as from the words (so the NumPy reference, which
