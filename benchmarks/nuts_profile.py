@@ -13,11 +13,11 @@ HLO module that made the kernels, so each kernel is named by its HLO
 instruction (opcode, shape; a dot's contracting dimensions) and charged
 to where that instruction sits:
 
-- a VM block: the instruction is in that block's branch of the VM's
-  `tf.switch_case` (the blocks are IR-2's, `kernel.batched_program(...)
-  .ir(level=2)`, in the order the VM dispatches them);
-- "VM loop": in the VM's `tf.while_loop` but outside the blocks: applying a
-  block's register and stack writes, the schedule, the run counters;
+- a VM block: the instruction comes from that block's ops (the blocks are
+  IR-2's, `kernel.batched_program(...).ir(level=2)`; the VM names each
+  block's ops by its index, see `HloIndex`);
+- "VM loop": in the VM's loops but outside the blocks: applying a block's
+  register and stack writes, the schedule, the run counters;
 - "around the VM": the kernel's code before and after the batched program
   (flattening the state, the chains' seeds, the results).
 
@@ -31,6 +31,7 @@ kernels.
 """
 import collections
 import os
+import re
 import tempfile
 import time
 
@@ -46,41 +47,55 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 from benchmarks import nuts as nuts_bench
 from benchmarks import nuts_vm_steps
 from tfp_autobatch.ir import ir2
+from tfp_autobatch.runtime import pc_vm
 
 VM_LOOP = "VM loop"
 AROUND_VM = "around the VM"
 # Instructions whose kernels only run others (their events span their
 # callees' kernels, which are counted themselves).
 _CONTAINERS = ("conditional", "while", "call")
+_BLOCK_NAME = re.compile(rf"(?:^|/){pc_vm.BLOCK_SCOPE}(\d+)/")
 
 
 class HloIndex:
   """Where each instruction of an optimised HLO module of the VM sits: in
-  which block's branch of the VM's dispatch, in the VM's loop outside the
-  dispatch, or elsewhere."""
+  which VM block, in the VM's loop outside the blocks, or elsewhere.
 
-  def __init__(self, module, num_blocks):
-    """`num_blocks`: the VM's blocks, one branch each in its dispatch."""
+  The VM puts block i's TensorFlow ops in the name scope
+  `pc_vm.BLOCK_SCOPE + i`, and XLA keeps their names in its instructions'
+  metadata. An instruction without a block's name is charged to the block
+  of the nearest instruction that calls it with one (a fusion, a
+  conditional), else to the block of the dispatch branch it sits in (the
+  copies XLA adds to a branch), else to the VM's loop if it is in it.
+  """
+
+  def __init__(self, module):
     self.instructions = {}    # name -> (HloInstructionProto, computation id)
     self._caller = {}         # computation id -> (instruction, branch index)
+    blocks_in = collections.defaultdict(set)   # computation id -> blocks
     for computation in module.computations:
       for ins in computation.instructions:
         self.instructions[ins.name] = (ins, computation.id)
         for i, callee in enumerate(ins.called_computation_ids):
           branch = i if ins.opcode == "conditional" else None
           self._caller.setdefault(callee, (ins, branch))
+        if _block_of(ins) is not None:
+          blocks_in[computation.id].add(_block_of(ins))
     self._computation_of = {ins.id: c for ins, c in
                             self.instructions.values()}
-    # The dispatch: the outermost conditional with a branch per block.
-    switches = [ins for ins, _ in self.instructions.values()
-                if ins.opcode == "conditional"
-                and len(ins.called_computation_ids) == num_blocks]
-    self.dispatch = self.loop = None    # a module without the VM
-    if switches:
-      self.dispatch = min(switches,
-                          key=lambda ins: len(self._callers(ins.name)))
-      self.loop = next((ins for ins, _ in self._callers(self.dispatch.name)
-                        if ins.opcode == "while"), None)
+    # A dispatch branch: a computation whose named instructions are all
+    # one block's.
+    self._branch_block = {c: next(iter(b)) for c, b in blocks_in.items()
+                          if len(b) == 1 and c in self._caller
+                          and self._caller[c][1] is not None}
+    # The VM's loop: the outermost while around a block's instruction.
+    self.loop = None          # a module without the VM
+    for ins, _ in self.instructions.values():
+      if _block_of(ins) is not None:
+        whiles = [c for c, _ in self._callers(ins.name)
+                  if c.opcode == "while"]
+        self.loop = whiles[-1] if whiles else None
+        break
 
   def _callers(self, name):
     """`[(instruction, branch index or None)]` from `name`'s computation up
@@ -95,12 +110,19 @@ class HloIndex:
 
   def place(self, name):
     """`(block index or None, inside the VM loop)` of instruction `name`."""
+    ins, computation = self.instructions[name]
     chain = self._callers(name)
-    for ins, branch in chain:
-      if self.dispatch is not None and ins.id == self.dispatch.id:
-        return branch, True
-    return None, self.loop is not None and any(ins.id == self.loop.id
-                                               for ins, _ in chain)
+    block = _block_of(ins)
+    for caller, _ in chain:
+      if block is None:
+        block = _block_of(caller)
+    if block is None:
+      computations = [computation] + [self._computation_of[c.id]
+                                      for c, _ in chain]
+      block = next((self._branch_block[c] for c in computations
+                    if c in self._branch_block), None)
+    return block, self.loop is not None and any(c.id == self.loop.id
+                                                for c, _ in chain)
 
   def describe(self, name):
     """The instruction's opcode and result shape, e.g. `dot f32[100, 8]
@@ -115,6 +137,13 @@ class HloIndex:
       text += (f" (lhs contracting {list(numbers.lhs_contracting_dimensions)},"
                f" rhs contracting {list(numbers.rhs_contracting_dimensions)})")
     return text
+
+
+def _block_of(instruction):
+  """The VM block whose op made `instruction` (by its TensorFlow op name),
+  or None."""
+  found = _BLOCK_NAME.search(instruction.metadata.op_name)
+  return int(found.group(1)) if found else None
 
 
 def _shape(shape):
@@ -175,13 +204,13 @@ def attribute(space, block_labels, repeats):
   docstring). `block_labels` are the VM's blocks in dispatch order."""
   events = kernel_events(space)
   ran = {program_id for program_id, _, _ in events}
-  indexes = {pid: HloIndex(module, len(block_labels))
+  indexes = {pid: HloIndex(module)
              for pid, module in hlo_modules(space).items() if pid in ran}
-  if not any(index.dispatch is not None for index in indexes.values()):
+  if not any(index.loop is not None for index in indexes.values()):
     raise RuntimeError(
-        f"no XLA program in the profile has a conditional with "
-        f"{len(block_labels)} branches (the VM's dispatch): nothing to charge "
-        "to the VM's blocks")
+        "no XLA program in the profile has the VM's loop (instructions named "
+        f"{pc_vm.BLOCK_SCOPE}<i> in a while loop): nothing to charge to the "
+        "VM's blocks")
   seconds = collections.Counter()
   calls = collections.Counter()
   places = {}

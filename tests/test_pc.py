@@ -2,6 +2,7 @@
 optimisations and the VM (paper section 3)."""
 import collections
 import os
+import re
 import types as pytypes
 
 import hypothesis
@@ -839,7 +840,8 @@ def test_verify_rejects_a_guarded_pop():
 
 def test_values_dead_after_a_block_are_not_written_back():
   # Under pc:xla every VM step writes as many register rows as the block
-  # writing the most; a value nobody reads after the block is left out.
+  # of its dispatch writing the most; a value nobody reads after the block
+  # is left out.
   # checked_halves's merged block assigns `first` (read by its own return
   # and pushed for the second call, then dead), pops and pushes `depth`
   # (the callee's parameter: live) and assigns the result for the members
@@ -862,3 +864,47 @@ def test_values_dead_after_a_block_are_not_written_back():
   np.testing.assert_array_equal(
       _run(program, depth, x),
       [programs._checked_halves_oracle(d, v) for d, v in zip(depth, x)])  # pylint: disable=protected-access
+
+
+@tab.batch
+def _three_then_one(x, n):
+  """Its entry block writes three float registers, its loop body one."""
+  a = x + 1.
+  b = x * 2.
+  c = x * 3.
+  while n > 0:
+    a = a * 0.5
+    n = n - 1
+  return a + b + c
+
+
+def test_blocks_pad_bank_writes_only_to_their_own_dispatchs_largest():
+  # Every branch of one tf.switch_case returns the same shapes, so under
+  # pc:xla a block writes as many bank rows as the block of its dispatch
+  # that writes the most, padding the rest. The VM splits the blocks into
+  # dispatches by what they write, each run by a loop of its own: the loop
+  # body, which changes one register, writes one row, not the entry
+  # block's three.
+  x = np.arange(12, dtype=np.float32).reshape(3, 4)
+  n = np.array([0, 2, 5], np.int32)
+  want = [(v + 1.) * 0.5**k + 5. * v for v, k in zip(x, n)]
+  np.testing.assert_allclose(_three_then_one(x, n, backend="pc:xla"), want)
+  runtime = pipeline.runtime(_three_then_one, _three_then_one._last_types,  # pylint: disable=protected-access
+                             "pc:xla")
+  bank = ("float32", (4,))
+  rows = {block.label: runtime._dispatch_of[i].bank_capacity[bank]  # pylint: disable=protected-access
+          for i, block in enumerate(runtime.program.blocks)}
+  assert rows == {"_three_then_one/entry": 3, "_three_then_one/body2": 1,
+                  "_three_then_one/endloop3": 1}
+  # The compiled loop applies each dispatch's writes with a scatter of as
+  # many rows as it reserves.
+  args = [tf.constant(x), tf.constant(n)]
+  hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
+      stage="hlo")
+  updates = re.findall(r"scatter\([^)]*f32\[(\d+),3,4\]", hlo)
+  assert sorted(updates) == ["1", "3"]
+  # Elsewhere nothing is padded: one dispatch of every block.
+  np.testing.assert_allclose(_three_then_one(x, n, backend="pc:graph"), want)
+  graph = pipeline.runtime(_three_then_one, _three_then_one._last_types,  # pylint: disable=protected-access
+                           "pc:graph")
+  assert len(graph._dispatches) == 1  # pylint: disable=protected-access

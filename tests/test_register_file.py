@@ -93,10 +93,12 @@ def test_bank_writes_change_only_the_written_registers():
   stacked, rest = banks.split(example)
   positions = {"a": 1, "b": 2, "s": 3, "w": 4}   # flat order: pc, a, b, s, w
   # Blocks that may change {a, w} and {b}: the float32 bank takes 2 rows.
-  banks.reserve([{positions["a"], positions["w"]}, {positions["b"]}])
+  capacity = banks.capacity([{positions["a"], positions["w"]},
+                             {positions["b"]}])
+  assert capacity == {("float32", (2,)): 2, ("float64", ()): 0}
   old = banks.join(stacked, rest)
   new = {"pc": old["pc"], "vars": dict(old["vars"], b=old["vars"]["b"] + 1.)}
-  writes = banks.changes(new, old, {positions["b"]})
+  writes = banks.changes(new, old, {positions["b"]}, capacity)
   index, values = writes[("float32", (2,))]
   # b, then a padding write to row 3, past the bank's end (XLA skips it).
   assert index.numpy().tolist() == [1, 3]
@@ -115,10 +117,10 @@ def test_bank_writes_with_an_empty_batch_compile_and_do_nothing():
   example = tf.nest.map_structure(lambda t: t[:0], _float_example())
   banks = register_file.RegisterBanks(example)
   stacked, rest = banks.split(example)
-  banks.reserve([{2}])
+  capacity = banks.capacity([{2}])
   old = banks.join(stacked, rest)
   new = {"pc": old["pc"], "vars": dict(old["vars"], b=old["vars"]["b"] + 1.)}
-  writes = banks.changes(new, old, {2})
+  writes = banks.changes(new, old, {2}, capacity)
   after = tf.function(lambda: banks.apply(stacked, writes),
                       jit_compile=True)()
   assert after[("float32", (2,))].shape == (3, 0, 2)
@@ -129,11 +131,11 @@ def test_bank_write_outside_the_declared_registers_is_an_error():
   banks = register_file.RegisterBanks(
       example, names=["pc", "a", "b", "s", "w"])
   stacked, rest = banks.split(example)
-  banks.reserve([{1}])
+  capacity = banks.capacity([{1}])
   old = banks.join(stacked, rest)
   new = {"pc": old["pc"], "vars": dict(old["vars"], w=old["vars"]["w"] * 2.)}
   with pytest.raises(errors.IRError, match="'w' changed"):
-    banks.changes(new, old, {1})
+    banks.changes(new, old, {1}, capacity)
 
 
 def test_banks_disabled_bank_nothing():

@@ -41,8 +41,9 @@ def test_layout_one_bank_per_dtype_and_shape():
   state = banks.initial(_stacks(3))
   assert state[("int32", ())].shape == (D, 3, 3)
   assert state[("float32", (2,))].shape == (D, 2, 3, 2)
-  banks.reserve([{"pc", "depth"}, {"pair"}, {"x", "pair", "flag"}, set()])
-  assert banks.capacity == {("int32", ()): 2, ("float32", (2,)): 2,
+  capacity = banks.capacity([{"pc", "depth"}, {"pair"},
+                             {"x", "pair", "flag"}, set()])
+  assert capacity == {("int32", ()): 2, ("float32", (2,)): 2,
                             ("bool", ()): 1}
 
 
@@ -55,12 +56,12 @@ def test_writes_and_reads_match_one_stack_at_a_time(enabled, xla, z):
   example = _stacks(z)
   blocks = [{"pc", "depth", "pair"}, {"x"}, {"flag", "x", "pc"}, set()]
   banks = stack_banks.StackBanks(example, D, enabled=enabled)
-  banks.reserve(blocks)
+  capacity = banks.capacity(blocks)
   want = dict(example)
   state = banks.initial(example)
 
   def step(state, writes):
-    return banks.apply(state, banks.pack(writes, z), xla=xla)
+    return banks.apply(state, banks.pack(writes, z, capacity), xla=xla)
 
   run = tf.function(step, jit_compile=True) if xla else step
   for _ in range(3):
@@ -76,11 +77,11 @@ def test_writes_and_reads_match_one_stack_at_a_time(enabled, xla, z):
 
 def test_more_writes_than_reserved_is_an_ir_error():
   banks = stack_banks.StackBanks(_stacks(2), D)
-  banks.reserve([{"x"}])
+  capacity = banks.capacity([{"x"}])
   writes = {n: _write(2, np.random.default_rng(0), _stacks(2)[n])
             for n in ("x", "pair")}
   with pytest.raises(errors.IRError, match="more than the 1 reserved"):
-    banks.pack(writes, 2)
+    banks.pack(writes, 2, capacity)
 
 
 def test_compiled_loop_scatters_once_per_bank():
@@ -94,4 +95,9 @@ def test_compiled_loop_scatters_once_per_bank():
   assert len(stacks.names) > len(stacks.sizes) == 1
   hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
       stage="optimized_hlo")
-  assert len(re.findall(r" scatter\(", hlo)) == len(stacks.sizes)
+  # One scatter per bank in each dispatch's loop (see
+  # `pc_vm.PcVmRuntime._dispatch_groups`) that writes the bank.
+  dispatches = runtime._dispatches  # pylint: disable=protected-access
+  writing = [d for d in dispatches if d.stack_capacity[("int32", ())]]
+  assert all(not any(d.bank_capacity.values()) for d in dispatches)
+  assert len(re.findall(r" scatter\(", hlo)) == len(writing) >= 1

@@ -152,8 +152,9 @@ class RegisterBanks:
   step on 64 chains copied 2 MB and spent most of its time doing so. In a
   bank a register is a static slice `bank[i]` (contiguous, so the readers
   fuse it), and a block returns only the registers it may change, as
-  `(indices [K], values [K, Z, ...])` per bank (K the most any block
-  changes; the padding writes go to row R, past the end, with zeros); the
+  `(indices [K], values [K, Z, ...])` per bank (K the most any block of
+  its dispatch changes, see `pc_vm.Dispatch`; the padding writes go to
+  row R, past the end, with zeros); the
   loop applies them in place with one XLA scatter per bank, which skips
   the padding. (XLA only: the other modes pass tensors through the
   dispatch without copies.) One scatter rather than a dynamic-update-slice
@@ -178,7 +179,6 @@ class RegisterBanks:
                            range(len(tf.nest.flatten(example)))]
     self._slots = []      # per leaf: (bank key, index in the bank) or None
     self.sizes = {}       # bank key -> registers R
-    self.capacity = {}    # bank key -> K, set by `reserve`
     for leaf in tf.nest.flatten(example):
       shape = leaf.shape
       if (not enabled or not leaf.dtype.is_floating or shape.rank is None
@@ -213,21 +213,28 @@ class RegisterBanks:
               for slot in self._slots]
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
-  def reserve(self, position_sets):
-    """Sizes every bank's write for the largest of `position_sets` (the
-    leaves, by flat position, that one block may change)."""
-    self.capacity = {key: 0 for key in self.sizes}
-    for positions in position_sets:
-      counts = collections.Counter(self._slots[i][0] for i in positions
-                                   if self._slots[i] is not None)
-      for key, n in counts.items():
-        self.capacity[key] = max(self.capacity[key], n)
+  def written(self, positions):
+    """{bank key: registers}: how many registers of each bank a block that
+    may change the flat `positions` writes."""
+    return collections.Counter(self._slots[i][0] for i in positions
+                               if self._slots[i] is not None)
 
-  def changes(self, new, old, positions):
+  def capacity(self, position_sets):
+    """{bank key: K}, each bank's write sized for the largest of
+    `position_sets` (the leaves, by flat position, that one block may
+    change)."""
+    capacity = {key: 0 for key in self.sizes}
+    for positions in position_sets:
+      for key, n in self.written(positions).items():
+        capacity[key] = max(capacity[key], n)
+    return capacity
+
+  def changes(self, new, old, positions, capacity):
     """The bank writes taking `old` to `new`, which differ at most at the
-    flat `positions` (checked: a change elsewhere would be lost)."""
+    flat `positions` (checked: a change elsewhere would be lost), sized by
+    `capacity` (from `capacity`: the same for every block of a dispatch)."""
     old_leaves = tf.nest.flatten(old)
-    writes = {key: ([], []) for key, k in self.capacity.items() if k}
+    writes = {key: ([], []) for key, k in capacity.items() if k}
     for i, (a, b, slot) in enumerate(zip(tf.nest.flatten(new), old_leaves,
                                          self._slots)):
       if slot is None:
@@ -244,7 +251,7 @@ class RegisterBanks:
     for key, (index, values) in writes.items():
       # Padding writes go to row R, past the bank's end: XLA's scatter
       # skips them. Their values are zeros, which cost no reads.
-      pad = self.capacity[key] - len(index)
+      pad = capacity[key] - len(index)
       filler = tf.zeros_like(old_leaves[self._slots.index((key, 0))])
       packed[key] = (tf.constant(index + [self.sizes[key]] * pad, tf.int32),
                      fusible.stack(values + [filler] * pad))

@@ -12,7 +12,7 @@ where a whole VM step costs about 13 us).
 `StackBanks` keeps the leaves of one dtype and per-example shape together,
 as [D, S, Z, ...] (S leaves), and applies a block's writes to a bank with
 one scatter of K * Z rows, K being the most leaves of that bank any one
-block writes. Reading a stack is a static slice `bank[:, slot]`, which XLA
+block of its dispatch writes (`pc_vm.Dispatch`). Reading a stack is a static slice `bank[:, slot]`, which XLA
 fuses into the gather of the popped rows. Masked-off rows and padding get
 the out-of-range row D, which XLA's scatter skips.
 
@@ -94,7 +94,6 @@ class StackBanks:
     self.enabled = enabled
     self._slots = {}      # name -> per flat leaf (bank key, slot)
     self.sizes = {}       # bank key -> leaves S
-    self.capacity = {}    # bank key -> K, set by `reserve`
     for name in self.names:
       slots = []
       for leaf in tf.nest.flatten(stacks[name]):
@@ -121,18 +120,25 @@ class StackBanks:
     leaves = [state[key][:, slot] for key, slot in self._slots[name]]
     return tf.nest.pack_sequence_as(self.structure[name], leaves)
 
-  def reserve(self, written_names):
-    """Sizes each bank's write for the most leaves that one block writes
-    there; `written_names` holds, per block, the stacks it writes."""
-    self.capacity = {key: 0 for key in self.sizes}
-    for names in written_names:
-      counts = collections.Counter(key for name in names
-                                   for key, _ in self._slots[name])
-      for key, n in counts.items():
-        self.capacity[key] = max(self.capacity[key], n)
+  def written(self, names):
+    """{bank key: leaves}: how many leaves of each bank a block writing the
+    stacks `names` writes."""
+    return collections.Counter(key for name in names
+                               for key, _ in self._slots[name])
 
-  def pack(self, writes, z):
-    """A block's writes ({name: StackWrite}) in the form `apply` takes."""
+  def capacity(self, written_names):
+    """{bank key: K}, each bank's write sized for the most leaves that one
+    block writes there; `written_names` holds, per block, the stacks it
+    writes."""
+    capacity = {key: 0 for key in self.sizes}
+    for names in written_names:
+      for key, n in self.written(names).items():
+        capacity[key] = max(capacity[key], n)
+    return capacity
+
+  def pack(self, writes, z, capacity):
+    """A block's writes ({name: StackWrite}) in the form `apply` takes,
+    each bank's sized by `capacity` (see `capacity`)."""
     if not self.enabled:
       return {name: writes.get(name) or no_write(self.structure[name], z)
               for name in self.names}
@@ -146,13 +152,13 @@ class StackBanks:
                                   axis=1))
         values[key].append(value)
     packed = {}
-    for key, capacity in self.capacity.items():
-      if not capacity:
+    for key, reserved in capacity.items():
+      if not reserved:
         continue
-      pad = capacity - len(rows[key])
+      pad = reserved - len(rows[key])
       if pad < 0:
         raise errors.IRError(f"a block writes {len(rows[key])} stacks of "
-                             f"bank {key}, more than the {capacity} reserved")
+                             f"bank {key}, more than the {reserved} reserved")
       if pad:   # out-of-range rows: skipped
         dtype, event_shape = key
         rows[key].append(tf.fill([pad * z, 3], self.depth))
