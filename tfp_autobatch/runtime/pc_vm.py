@@ -351,14 +351,23 @@ class PcVmRuntime:
         # is one of them, in a loop that runs until every member halts.
         # Each loop applies its own dispatch's bank writes (a scatter in a
         # conditional's branch would copy the whole bank instead).
-        number = tf.constant(
-            [self._dispatches.index(self._dispatch_of[i])
-             for i in range(halt)] + [-1], tf.int32)
+        number = [self._dispatches.index(self._dispatch_of[i])
+                  for i in range(halt)] + [-1]
         def body(nxt, state):
           for n, dispatch in enumerate(self._dispatches):
-            nxt, state = tf.while_loop(
-                lambda nxt, state, n=n: tf.equal(tf.gather(number, nxt), n),
-                run(dispatch), (nxt, state))
+            def loop(nxt, state, n=n, dispatch=dispatch):
+              return tf.while_loop(
+                  lambda nxt, state: tf.equal(
+                      tf.gather(tf.constant(number, tf.int32), nxt), n),
+                  run(dispatch), (nxt, state))
+            # Each loop in a function of its own: TF 2.21's XLA bridge
+            # fails on three or more loops in a row in one function
+            # ("Cannot find body function ..._const_0",
+            # tensorflow/tensorflow#122886). A partial, as in
+            # `compiled_for`: TF's retracing detector would count the loops
+            # as one function traced again and again.
+            nxt, state = tf.function(functools.partial(loop),
+                                     autograph=False)(nxt, state)
           return nxt, state
         _, state = tf.while_loop(lambda nxt, state: nxt < halt, body, start)
     small = self._small(state)
@@ -391,15 +400,21 @@ class PcVmRuntime:
       def run(i):
         with tf.name_scope(f"{BLOCK_SCOPE}{i}"):
           return self._blocks[i](state)
+      branches = [functools.partial(run, i) for i in blocks]
       if len(blocks) == 1:
-        outputs = run(blocks[0])
+        # Still a conditional (with a branch that is never taken): a block
+        # inlined into the loop lets XLA fuse its reads of the banks into
+        # the loop's in-place writes to them, and XLA then copies the banks
+        # every step (2x slower NUTS steps when the hot blocks were alone in
+        # their dispatches).
+        index = tf.cast(tf.not_equal(nxt, blocks[0]), tf.int32)
+        branches.append(lambda: self._no_block(state, dispatch))
       else:
         # The block's branch in this dispatch.
         index = (nxt if blocks == tuple(range(self.program.halt)) else
                  tf.gather(tf.constant(np.searchsorted(
                      blocks, range(self.program.halt)), tf.int32), nxt))
-        outputs = tf.switch_case(index, [functools.partial(run, i)
-                                         for i in blocks])
+      outputs = tf.switch_case(index, branches)
       registers, bank_writes, packed_writes, rows = outputs
     writes = dispatch.writes.unpack(*packed_writes)
     banks = self._banks.apply(state["banks"], bank_writes)
@@ -418,6 +433,17 @@ class PcVmRuntime:
             tf.concat([pc_sp, [0]], 0))),
         "rows": state["rows"] + rows,
     }
+
+  def _no_block(self, state, dispatch):
+    """What a block of `dispatch` that changes nothing returns."""
+    small = self._small(state)
+    z = tf.shape(small["pc_top"])[0]
+    return (self._registers.pack(self._banks.rest(small)),
+            self._banks.changes(small, small, frozenset(),
+                                dispatch.bank_capacity),
+            dispatch.writes.pack(self._stacks.pack({}, z,
+                                                   dispatch.stack_capacity)),
+            tf.constant(0))
 
   def _next_block(self, pc_top):
     halt = self.program.halt
