@@ -98,8 +98,9 @@ def normal(seed, words, size, dtype=tf.float64):
   to float32 precision. (NUTS on the 100-d Gaussian, 64 chains, 10 fused
   trajectories: the momentum draw's block took about 7% of the kernel
   time with float64 math, `benchmarks.nuts_profile`, partly because XLA
-  recomputes it for each of the four registers that start as the
-  momentum.)
+  recomputed it for each of the four registers that start as the
+  momentum; the VM now computes such a value once, see
+  `tfp_autobatch.runtime.vectorize`.)
   """
   compute = tf.float64 if dtype == tf.float64 else tf.float32
   lanes = tf.range(size, dtype=tf.int32)

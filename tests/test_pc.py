@@ -921,3 +921,41 @@ def test_blocks_pad_bank_writes_only_to_their_own_dispatchs_largest():
   graph = pipeline.runtime(_three_then_one, _three_then_one._last_types,  # pylint: disable=protected-access
                            "pc:graph")
   assert len(graph._dispatches) == 1  # pylint: disable=protected-access
+
+
+@tab.batch
+def _one_value_two_registers(x, n):
+  """Its entry block writes one computed value to two registers."""
+  e = tf.cos(x)
+  a = e
+  b = e
+  while n > 0:
+    a = a * 0.5
+    b = b + 1.
+    n = n - 1
+  return a + b
+
+
+def test_a_value_written_to_several_registers_is_computed_once():
+  # A block's register writes are one concatenation, and XLA's loop
+  # fusion evaluates a concatenation's operands row by row: fused into it,
+  # `cos(x)` would be computed once for `a` and again for `b`. Under pc:xla
+  # such a value is computed into a buffer of its own first (a reduction,
+  # which XLA does not fuse into its readers).
+  x = np.arange(12, dtype=np.float32).reshape(3, 4)
+  n = np.array([0, 2, 5], np.int32)
+  want = [np.cos(v) * 0.5**k + np.cos(v) + k for v, k in zip(x, n)]
+  np.testing.assert_allclose(_one_value_two_registers(x, n, backend="pc:xla"),
+                             want, rtol=1e-6)
+  runtime = pipeline.runtime(_one_value_two_registers,
+                             _one_value_two_registers._last_types,  # pylint: disable=protected-access
+                             "pc:xla")
+  args = [tf.constant(x), tf.constant(n)]
+  hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
+      stage="optimized_hlo")
+  computations = re.split(r"\n(?=\S)", hlo)
+  with_cosine = [c for c in computations if " cosine(" in c]
+  assert with_cosine
+  assert not any(" concatenate(" in c for c in with_cosine)
+  np.testing.assert_allclose(
+      _one_value_two_registers(x, n, backend="pc:graph"), want, rtol=1e-6)

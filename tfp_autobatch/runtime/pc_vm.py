@@ -236,7 +236,8 @@ class PcVmRuntime:
     self.depth = int(max_stack_depth)
     self.mode = mode
     self.schedule = schedule
-    self.kernels = vectorize.KernelCache(jit_compile=False)
+    self.kernels = vectorize.KernelCache(jit_compile=False,
+                                         inside_xla=mode == "xla")
     self.stats = None
     self.stats_tensors = None
     self.trace_count = 0

@@ -15,6 +15,7 @@ once per primitive this cut the first call of one NUTS step (trace and XLA
 compilation) by a quarter to a third, with the same step times (README,
 "First calls").
 """
+import collections
 import contextvars
 import functools
 import logging
@@ -23,6 +24,7 @@ import os
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.runtime import _xla
 
 try:   # TF's private pfor entry point; tf.vectorized_map without it
   from tensorflow.python.ops.parallel_for.control_flow_ops import (
@@ -105,8 +107,36 @@ def vectorized_map(per_example, batched_args, code):
                              fallback_to_while_loop=True)
 
 
-def batched_fn(op, out_types):
-  """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive."""
+def _computed_once(outs, ins):
+  """`outs`, with each floating-point value that is several of them, and
+  not one of the inputs `ins`, computed once by XLA (`_xla.computed_once`).
+
+  One primitive often returns a value under several names (NUTS starts a
+  trajectory with `p_left = p_right = p_s = rho = p`, the momentum it
+  draws), and the VM writes each to a register of its own. Those writes
+  are one concatenation (`register_file`), and XLA's loop fusion
+  evaluates a concatenation's operands row by row: a value fused into it
+  is computed again for every register it goes to. NUTS's draw (a hash,
+  then Box-Muller's logarithm and cosine per element) made the block that
+  starts a trajectory take 284 us a run at 64 chains against 86 us
+  computed once (`benchmarks.nuts_profile`, 2026-11-25).
+  """
+  count = collections.Counter(id(v) for v in outs)
+  inputs = {id(x) for x in tf.nest.flatten(ins)}
+  once = {}
+  for v in outs:
+    if (count[id(v)] > 1 and id(v) not in inputs and id(v) not in once
+        and v.dtype.is_floating):
+      once[id(v)] = _xla.computed_once(v)
+  return tuple(once.get(id(v), v) for v in outs)
+
+
+def batched_fn(op, out_types, inside_xla=False):
+  """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive.
+
+  `inside_xla`: the kernel runs inside an XLA computation, which then
+  computes a value the primitive returns under several names once (see
+  `_computed_once`)."""
   if op.batched:
     def run_batched(n, *ins):
       del n
@@ -124,7 +154,8 @@ def batched_fn(op, out_types):
 
   def run_vectorized(n, *ins):
     del n
-    return vectorized_map(per_example, ins, op.code)
+    outs = vectorized_map(per_example, ins, op.code)
+    return _computed_once(outs, ins) if inside_xla else outs
   return run_vectorized
 
 
@@ -134,8 +165,11 @@ class KernelCache:
   traced once and called from every block that runs the primitive (inside
   a compiled VM, XLA inlines the calls)."""
 
-  def __init__(self, jit_compile):
+  def __init__(self, jit_compile, inside_xla=False):
+    """`inside_xla`: the kernels are called from an XLA computation (see
+    `batched_fn`)."""
     self.jit_compile = jit_compile
+    self.inside_xla = inside_xla
     self._kernels = {}
 
   def get(self, op, in_types, out_types, batch_size=None):
@@ -150,7 +184,7 @@ class KernelCache:
       # A partial has no __code__, so TF's retracing detector counts each
       # kernel on its own instead of all kernels as one function.
       kernel = self._kernels[key] = tf.function(
-          functools.partial(batched_fn(op, out_types)),
+          functools.partial(batched_fn(op, out_types, self.inside_xla)),
           input_signature=signature, jit_compile=self.jit_compile,
           autograph=False)
     return kernel
