@@ -561,7 +561,7 @@ class PcVmRuntime:
     pushed = [self._pushed_stacks(b) for b in p.blocks]
     classes = [0] * len(p.blocks)
     if pack and self._stacks.enabled:
-      for i, block in enumerate(p.blocks):
+      for i in range(len(p.blocks)):
         size = sum(n * int(np.prod(key[1], dtype=np.int64))
                    for written in (self._banks.written(self._changed[i]),
                                    self._stacks.written(pushed[i]))
