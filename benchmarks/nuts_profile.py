@@ -201,7 +201,8 @@ def kernel_events(space):
 
 def attribute(space, block_labels, repeats):
   """Kernel time per transition, by kernel and by place (see the module
-  docstring). `block_labels` are the VM's blocks in dispatch order."""
+  docstring). `block_labels` are the VM's blocks, by block index (IR-2's
+  order)."""
   events = kernel_events(space)
   ran = {program_id for program_id, _, _ in events}
   indexes = {pid: HloIndex(module)
