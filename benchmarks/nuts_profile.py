@@ -79,8 +79,9 @@ class HloIndex:
         for i, callee in enumerate(ins.called_computation_ids):
           branch = i if ins.opcode == "conditional" else None
           self._caller.setdefault(callee, (ins, branch))
-        if _block_of(ins) is not None:
-          blocks_in[computation.id].add(_block_of(ins))
+        block = _block_of(ins)
+        if block is not None:
+          blocks_in[computation.id].add(block)
     self._computation_of = {ins.id: c for ins, c in
                             self.instructions.values()}
     # A dispatch branch: a computation whose named instructions are all
@@ -112,10 +113,8 @@ class HloIndex:
     """`(block index or None, inside the VM loop)` of instruction `name`."""
     ins, computation = self.instructions[name]
     chain = self._callers(name)
-    block = _block_of(ins)
-    for caller, _ in chain:
-      if block is None:
-        block = _block_of(caller)
+    block = next((b for b in map(_block_of, [ins] + [c for c, _ in chain])
+                  if b is not None), None)
     if block is None:
       computations = [computation] + [self._computation_of[c.id]
                                       for c, _ in chain]

@@ -533,6 +533,7 @@ class PcVmRuntime:
     self._stacks = stack_banks.StackBanks(stacks, d,
                                           enabled=pack and p.cached_top)
     self._dispatches = self._dispatch_groups(z, pack)
+    self._dispatch_of = {i: d for d in self._dispatches for i in d.blocks}
     return {
         "registers": self._registers.pack(rest),
         "banks": banks,
@@ -579,7 +580,6 @@ class PcVmRuntime:
       dispatches.append(Dispatch(
           blocks, self._banks.capacity([self._changed[i] for i in blocks]),
           stack_capacity, writes))
-    self._dispatch_of = {i: d for d in dispatches for i in d.blocks}
     return dispatches
 
   def _values_live_out(self):
