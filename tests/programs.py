@@ -112,6 +112,18 @@ def _fib_oracle(n):
   return a
 
 
+@register(args(ints(0, 10, extremes=(0, 10, 1)), ints(-3, 3, extremes=(-3, 2))),
+          tf.int32, oracle=lambda n, k: _fib_oracle(int(n)) * int(k),
+          batch_sizes=WITH_ONE)
+@tab.batch
+def scaled_fib(n, k):
+  """fib(n) * k, with `k` passed on unchanged by both recursive calls (as
+  NUTS's `build_tree` passes on its step size): live across the first."""
+  if n <= 1:
+    return n * k
+  return scaled_fib(n - 1, k) + scaled_fib(n - 2, k)
+
+
 @register(args(ints(0, 12, np.int64)), tf.int64,
           oracle=lambda n: math.factorial(int(n)))
 @tab.batch

@@ -200,6 +200,35 @@ def test_opt3_no_stack_without_recursion():
   np.testing.assert_array_equal(_run(after, n), want)
 
 
+def test_opt3_a_parameter_only_passed_on_is_neither_moved_nor_saved():
+  # `k` is live across scaled_fib's first recursive call (the second one
+  # reads it), but every call passes it on unchanged: the calls move
+  # nothing into it, and no callee assigns it, so it needs no stack.
+  scaled_fib = programs.scaled_fib
+  before = lower.lower_to_stack_program(_typed(scaled_fib, INT * 2))
+  after = stack_optimize.drop_unclobbered_saves(before)
+  assert "scaled_fib.k = " not in str(before)
+  assert "push scaled_fib.k" in str(before)
+  assert "scaled_fib.k" in before.stacked
+  assert "scaled_fib.k" not in after.stacked
+  assert "push scaled_fib.k" not in str(after)
+  n, k = np.arange(9), np.array([1, -2, 3, 0, 2, -1, 3, 1, -3])
+  want = [_fib_np(a) * b for a, b in zip(n, k)]
+  np.testing.assert_array_equal(_run(before, n, k), want)
+  np.testing.assert_array_equal(_run(after, n, k), want)
+
+
+def test_opt3_keeps_saving_a_parameter_some_call_changes():
+  # `depth + 1` goes into the callee's `depth`: a call assigns it, so the
+  # caller's value must be saved around the first call.
+  program = stack_optimize.drop_unclobbered_saves(
+      lower.lower_to_stack_program(_typed(tree, INT * 2)))
+  assert "tree.depth" in program.stacked
+  h, d = np.array([0, 1, 2, 3, 4]), np.array([0, 2, 1, 0, 3])
+  np.testing.assert_array_equal(_run(program, h, d),
+                                [_tree_np(a, b) for a, b in zip(h, d)])
+
+
 def test_opt4_cached_top():
   before = stack_optimize.find_temporaries(stack_optimize.drop_unclobbered_saves(
       lower.lower_to_stack_program(_typed(fib))))

@@ -6,7 +6,9 @@ after each `Call y = F(x)`:
 
     ... ops before the call
     Push(v) for each saved v        (caller-saves, optimisation 1)
-    Move(F.params := x)             parallel, so f(b, a) cannot clobber
+    Move(F.params := x)             parallel, so f(b, a) cannot clobber;
+                                    a parameter passed on to itself is
+                                    left out
     PushJump(F/entry, cont)
   cont:
     Move(y := F.result)
@@ -102,9 +104,14 @@ def _lower_function(program, fn):
           k += 1
           callee_fn = program.function(callee)
           cont = f"{label}.{k}"
-          ops.append(ir2.Move(
-              tuple(qualify(callee, p) for p in callee_fn.params),
-              tuple(map(q, ins))))
+          # A recursive call passing a parameter on unchanged (`eps` in
+          # `f(x - 1, eps)` inside `f`) moves nothing: the pair is left out,
+          # so the call writes no register for it.
+          bound = [(qualify(callee, p), q(v))
+                   for p, v in zip(callee_fn.params, ins)
+                   if qualify(callee, p) != q(v)]
+          if bound:
+            ops.append(ir2.Move(*map(tuple, zip(*bound))))
           entry = label_of(callee, callee_fn.blocks[0].label)
           blocks.append(ir2.Block(label, tuple(ops),
                                   ir2.PushJump(entry, cont)))

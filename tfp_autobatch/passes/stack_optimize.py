@@ -8,8 +8,9 @@ possible, and make the stacked ones cheap:
      (`save="live"`; `save="all"` is the naive discipline);
   2. `find_temporaries`: a variable not live into any block (a VM step)
      lives only inside a block execution, never in the VM state;
-  3. `drop_unclobbered_saves`: a variable saved around a call that cannot
-     reach its function (no recursion back into it) keeps its value in place:
+  3. `drop_unclobbered_saves`: a variable saved around a call that nothing
+     the call runs assigns (no recursion back into its function, or a
+     parameter that recursive calls only pass on) keeps its value in place:
      no stack, just a top updated by mask;
   4. `cache_stack_tops`: keep each stack's top beside the stack, so reads
      and writes of the current value need no gather/scatter;
@@ -49,17 +50,37 @@ def call_reach(program):
   return reach
 
 
+def assigned_by_function(program):
+  """`{function: variables its blocks assign}`: written by a Move or a
+  Primitive (guarded or not), not counting the stack's own Pops and
+  Updates."""
+  assigned = {}
+  for b in program.blocks:
+    vs = assigned.setdefault(function_of(b.label), set())
+    for op in b.ops:
+      if not isinstance(ir2.unguarded(op), (ir2.Pop, ir2.Update)):
+        vs.update(ir2.writes(op))
+  return assigned
+
+
 def drop_unclobbered_saves(program):
   """Optimisation 3: no Push/Pop of a variable around a call that cannot
-  write it (its function is not reachable from the callee)."""
+  write it: no function the call may run assigns it. That holds when the
+  variable's own function is not reachable from the callee (no recursion
+  back into it), and also for a parameter a recursive function only ever
+  passes on unchanged (the call moves nothing into it, see `lower`): the
+  callee's own saves and restores of it then only ever hold the one value
+  it had at the call."""
   reach = call_reach(program)
+  assigned = assigned_by_function(program)
   drop = {}      # block label -> variables whose Push/Pop there goes
   for b in program.blocks:
     t = b.terminator
     if isinstance(t, ir2.CALLS):
-      runs = reach[ir2.callee_of(t)]
+      clobbered = set().union(*(assigned.get(f, ()) for f in
+                                reach[ir2.callee_of(t)]))
       safe = {op.var for op in b.ops if isinstance(op, ir2.Push)
-              and function_of(op.var) not in runs}
+              and op.var not in clobbered}
       drop.setdefault(b.label, set()).update(("push", v) for v in safe)
       drop.setdefault(t.return_label, set()).update(("pop", v) for v in safe)
   blocks = []
