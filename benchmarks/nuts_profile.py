@@ -303,10 +303,15 @@ def report(record, top):
             else f"{p['us_per_execution']:.1f}")
     lines.append(f"{p['place']:<28} {runs:>6} "
                  f"{p['us_per_transition']:>14.1f} {each:>9}")
-  lines += ["", f"{'kernel':<30} {'where':<24} {'calls':>6} "
-                f"{'us/transition':>14} {'us/call':>8}  hlo"]
-  for k in record["kernels"][:top]:
-    lines.append(f"{k['name'][:30]:<30} {k['place'][:24]:<24} "
+  kernels = record["kernels"][:top]
+  # Names in full (a name cut short loses its `.3`, and names another
+  # kernel): the columns are as wide as the longest.
+  name_width = max([30] + [len(k["name"]) for k in kernels])
+  place_width = max([24] + [len(k["place"]) for k in kernels])
+  lines += ["", f"{'kernel':<{name_width}} {'where':<{place_width}} "
+                f"{'calls':>6} {'us/transition':>14} {'us/call':>8}  hlo"]
+  for k in kernels:
+    lines.append(f"{k['name']:<{name_width}} {k['place']:<{place_width}} "
                  f"{k['calls_per_transition']:>6.1f} "
                  f"{k['us_per_transition']:>14.1f} {k['us_per_call']:>8.1f}"
                  f"  {k['hlo']}")
