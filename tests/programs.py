@@ -228,6 +228,38 @@ def checked_halves(depth, x):
   return second + depth
 
 
+def _result_or_changed_oracle(n, x):
+  n, x = int(n), int(x)
+  if n == 0:
+    return x
+  y = _result_or_changed_oracle(n - 1, x + n)
+  if y > 40:
+    return y
+  z, y = y, y - 3
+  if z > 20:
+    return y
+  return z + _result_or_changed_oracle(n - 1, y)
+
+
+@register(args(ints(0, 6), ints(-5, 40, extremes=(-5, 40, 21))), tf.int32,
+          oracle=_result_or_changed_oracle, batch_sizes=WITH_ONE)
+@tab.batch
+def result_or_changed(n, x):
+  """Returns what its own call returned (a copy of the callee's result the
+  VM need not write back) or, from one statement on, a changed value under
+  the same name (a write it must keep)."""
+  if n == 0:
+    return x
+  y = result_or_changed(n - 1, x + n)
+  if y > 40:
+    return y
+  z = y
+  y = y - 3
+  if z > 20:
+    return y
+  return z + result_or_changed(n - 1, y)
+
+
 def _bisect_oracle(x, steps):
   lo, hi = 0.0, max(float(x), 1.0)
   for _ in range(int(steps)):

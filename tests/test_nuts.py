@@ -235,7 +235,7 @@ def test_every_backend_gives_the_same_samples(fused_step, backend):
       assert computed == members
 
 
-def test_build_tree_stacks_only_what_its_recursion_changes(fused_kernel):
+def test_build_tree_saves_and_copies_only_what_its_recursion_changes(fused_kernel):
   """`build_tree` passes its step size, starting energy, seed and
   trajectory numbers on unchanged to both recursive calls: no call moves
   or saves them (a [d] step size pushed and popped around every first
@@ -254,6 +254,13 @@ def test_build_tree_stacks_only_what_its_recursion_changes(fused_kernel):
                                     "build_tree.seed", "build_tree.traj",
                                     "build_tree.doubling"}
   assert "build_tree.depth" in moved_in_build_tree
+  # Returning an invalid first half writes nothing: it is what the
+  # recursive call returned, already in the result register
+  # (`passes/redundant_copies.py`).
+  after_first_half = next(b for b in program.blocks
+                          if b.label == "build_tree/endif3.1")
+  assert not [op for op in after_first_half.ops
+              if "build_tree._result" in ir2.writes(op)]
 
 
 def test_pc_xla_with_the_number_of_chains_unknown(fused_step):
@@ -338,6 +345,16 @@ def test_pc_xla_transition_copies_no_register_bank():
   program = kernel.batched_program(state, results)
   runtime = pipeline.runtime(program, program._last_types, "pc:xla")  # pylint: disable=protected-access
   assert any(len(d.blocks) == 1 for d in runtime._dispatches)  # pylint: disable=protected-access
+  # Blocks are grouped by what they write to registers and to stacks
+  # apart: the block after a first half pushes a whole Subtree but writes
+  # three [d] registers, so it pads no register write to the 16 rows of a
+  # trajectory's doubling (`trajectory/body2.1`).
+  labels = [b.label for b in program.ir(level=2).blocks]
+  after_first_half = runtime._dispatch_of[labels.index("build_tree/endif3.1")]  # pylint: disable=protected-access
+  doubling = runtime._dispatch_of[labels.index("trajectory/body2.1")]  # pylint: disable=protected-access
+  vector = ("float64", (3,))
+  assert after_first_half.bank_capacity[vector] == 3
+  assert doubling.bank_capacity[vector] == 16
   compiled = runtime._compiled[len(INIT)]  # pylint: disable=protected-access
   args = [tf.zeros(spec.shape, spec.dtype) for spec in
           compiled.get_concrete_function().structured_input_signature[0]]

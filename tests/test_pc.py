@@ -19,6 +19,7 @@ from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.passes import branch_at_call
 from tfp_autobatch.passes import lower
+from tfp_autobatch.passes import redundant_copies
 from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
 from tfp_autobatch.runtime import pc_vm
@@ -227,6 +228,51 @@ def test_opt3_keeps_saving_a_parameter_some_call_changes():
   h, d = np.array([0, 1, 2, 3, 4]), np.array([0, 2, 1, 0, 3])
   np.testing.assert_array_equal(_run(program, h, d),
                                 [_tree_np(a, b) for a, b in zip(h, d)])
+
+
+def _before_copies_dropped(fn):
+  """The IR-2 program of `fn(int, int)` from every pass up to the one that
+  drops redundant copies."""
+  program = stack_optimize.optimize(
+      lower.lower_to_stack_program(_typed(fn, INT * 2)))
+  return return_early.return_early(
+      branch_at_call.branch_at_call_sites(program))
+
+
+def _writes_of(program, label, var):
+  """How many ops of block `label` write `var`."""
+  block = next(b for b in program.blocks if b.label == label)
+  return sum(var in ir2.writes(op) for op in block.ops)
+
+
+def test_returning_the_callees_result_writes_no_copy_of_it():
+  # checked_halves returns `first`, what its own call has just returned:
+  # the result register already holds it, so the return's copy goes (under
+  # pc:xla every write is a row of the block's bank write).
+  before = _before_copies_dropped(programs.checked_halves)
+  after = redundant_copies.drop_redundant_copies(before)
+  label, result = "checked_halves/endif3.1", "checked_halves._result"
+  assert _writes_of(before, label, result) == 1
+  assert _writes_of(after, label, result) == 0
+  depth, x = np.array([0, 1, 3, 5, 2, 4]), np.array([4, 0, 2, 40, -2, 9])
+  want = [programs._checked_halves_oracle(d, v) for d, v in zip(depth, x)]  # pylint: disable=protected-access
+  np.testing.assert_array_equal(_run(before, depth, x), want)
+  np.testing.assert_array_equal(_run(after, depth, x), want)
+
+
+def test_a_name_given_a_new_value_is_still_written():
+  # result_or_changed returns its call's result `y` (a copy: dropped), or
+  # `y` after `y = y - 3` in the same code as `z = y` (a new value: kept).
+  before = _before_copies_dropped(programs.result_or_changed)
+  after = redundant_copies.drop_redundant_copies(before)
+  label, result = "result_or_changed/endif3.1", "result_or_changed._result"
+  assert _writes_of(before, label, result) == 2
+  assert _writes_of(after, label, result) == 1
+  n = np.array([0, 1, 2, 3, 4, 5, 6, 6, 3])
+  x = np.array([-5, 40, 21, 0, 7, -3, 12, 30, 19])
+  want = [programs._result_or_changed_oracle(a, b) for a, b in zip(n, x)]  # pylint: disable=protected-access
+  np.testing.assert_array_equal(_run(before, n, x), want)
+  np.testing.assert_array_equal(_run(after, n, x), want)
 
 
 def test_opt4_cached_top():
@@ -871,10 +917,11 @@ def test_values_dead_after_a_block_are_not_written_back():
   # Under pc:xla every VM step writes as many register rows as the block
   # of its dispatch writing the most; a value nobody reads after the block
   # is left out.
-  # checked_halves's merged block assigns `first` (read by its own return
-  # and pushed for the second call, then dead), pops and pushes `depth`
-  # (the callee's parameter: live) and assigns the result for the members
-  # that return.
+  # checked_halves's merged block assigns `first` (moved into the second
+  # call's `x`, then dead) and pops and pushes `depth` (the callee's
+  # parameter: live). For the members that return `first` it writes
+  # nothing: `first` is the callee's result, which the result register
+  # already holds (`redundant_copies`).
   program = pipeline.stack_program(programs.checked_halves, INT * 2)
   runtime = pc_vm.PcVmRuntime(program, 16, mode="graph")
   labels = [b.label for b in program.blocks]
@@ -887,8 +934,7 @@ def test_values_dead_after_a_block_are_not_written_back():
             "checked_halves.x"]
   changed = runtime._changed_positions(owners)[merged]  # pylint: disable=protected-access
   assert sorted(owners[i] for i in changed) == [
-      "checked_halves._result", "checked_halves.depth",
-      "checked_halves.depth#sp", "checked_halves.x"]
+      "checked_halves.depth", "checked_halves.depth#sp", "checked_halves.x"]
   depth, x = np.array([0, 3, 5, 2]), np.array([4, 2, 40, 0])
   np.testing.assert_array_equal(
       _run(program, depth, x),

@@ -3,8 +3,8 @@
     Python source --frontend.convert--> IR-1 (untyped, one per entry function)
       --infer_types--> typed IR-1 (one per input signature)
       --inline, tail_duplicate--> fewer, bigger blocks
-      --lower, stack_optimize, branch_at_call, return_early--> IR-2 (program-counter
-        backends)
+      --lower, stack_optimize, branch_at_call, return_early,
+        drop_redundant_copies--> IR-2 (program-counter backends)
       --backend--> runtime (one per signature and backend)
 
 With TFP_AUTOBATCH_DEBUG=1 (the tests set it), `verify` runs after each pass.
@@ -20,6 +20,7 @@ from tfp_autobatch.passes import infer_types
 from tfp_autobatch.passes import inline
 from tfp_autobatch.passes import tail_duplicate
 from tfp_autobatch.passes import lower
+from tfp_autobatch.passes import redundant_copies
 from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
 
@@ -88,6 +89,8 @@ def stack_program_of(typed):
     program = check(branch_at_call.branch_at_call_sites(program),
                     "branch_at_call_sites")
     program = check(return_early.return_early(program), "return_early")
+    program = check(redundant_copies.drop_redundant_copies(program),
+                    "drop_redundant_copies")
     _STACK[id(typed)] = (typed, program)
   return _STACK[id(typed)][1]
 

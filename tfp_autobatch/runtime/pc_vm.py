@@ -198,6 +198,11 @@ def _poison(value, mask):
   return tf.nest.map_structure(leaf, value)
 
 
+def _size_class(elements):
+  """The power of two at or above `elements` (as its exponent; 0 for 0)."""
+  return int(elements - 1).bit_length() if elements else 0
+
+
 class Dispatch(collections.namedtuple(
     "Dispatch", ["blocks", "bank_capacity", "stack_capacity", "writes"])):
   """A set of blocks the VM's loop runs through one `tf.switch_case`.
@@ -553,21 +558,25 @@ class PcVmRuntime:
     The branches of one `tf.switch_case` must return the same shapes, so
     every block of a dispatch writes as many bank rows as its largest
     writer, padded with zeros: on NUTS's 100-d Gaussian at 64 chains, half
-    the [Z, 100] rows written were padding. A block's class is the power
-    of two at or above the elements per member it writes to the register
-    and stack banks. Only under XLA with banks (elsewhere nothing is
-    padded): one dispatch of every block otherwise.
+    the [Z, 100] rows written were padding. A block's class is the pair
+    of powers of two at or above the elements per member it writes to the
+    register banks and to the stack banks: the two are padded apart, so a
+    block that pushes much and writes few registers (NUTS's block after a
+    first half: 8 [d] vectors pushed, 3 written) would pad its register
+    writes to a block writing many (a trajectory's doubling, 16) if one
+    sum classed them together. Only under XLA with banks (elsewhere
+    nothing is padded): one dispatch of every block otherwise.
     """
     p = self.program
     pushed = [self._pushed_stacks(b) for b in p.blocks]
-    classes = [0] * len(p.blocks)
+    classes = [(0, 0)] * len(p.blocks)
     if pack and self._stacks.enabled:
       for i in range(len(p.blocks)):
-        size = sum(n * int(np.prod(key[1], dtype=np.int64))
-                   for written in (self._banks.written(self._changed[i]),
-                                   self._stacks.written(pushed[i]))
-                   for key, n in written.items())
-        classes[i] = int(size - 1).bit_length() if size else 0
+        classes[i] = tuple(
+            _size_class(sum(n * int(np.prod(key[1], dtype=np.int64))
+                            for key, n in written.items()))
+            for written in (self._banks.written(self._changed[i]),
+                            self._stacks.written(pushed[i])))
     dispatches = []
     for c in sorted(set(classes)):
       blocks = tuple(i for i in range(len(p.blocks)) if classes[i] == c)
