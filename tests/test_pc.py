@@ -245,32 +245,25 @@ def _writes_of(program, label, var):
   return sum(var in ir2.writes(op) for op in block.ops)
 
 
-def test_returning_the_callees_result_writes_no_copy_of_it():
-  # checked_halves returns `first`, what its own call has just returned:
-  # the result register already holds it, so the return's copy goes (under
-  # pc:xla every write is a row of the block's bank write).
-  before = _before_copies_dropped(programs.checked_halves)
+# checked_halves returns `first`, what its own call has just returned: the
+# result register already holds it, so the return's copy goes (under pc:xla
+# every write is a row of the block's bank write). result_or_changed returns
+# its call's result `y` (a copy: dropped), or `y` after `y = y - 3` in the
+# same code as `z = y` (a new value: kept).
+@pytest.mark.parametrize("name, writes_before, writes_after, n, x", [
+    ("checked_halves", 1, 0, [0, 1, 3, 5, 2, 4], [4, 0, 2, 40, -2, 9]),
+    ("result_or_changed", 2, 1, [0, 1, 2, 3, 4, 5, 6, 6, 3],
+     [-5, 40, 21, 0, 7, -3, 12, 30, 19]),
+])
+def test_returning_the_callees_result_writes_no_copy_of_it(
+    name, writes_before, writes_after, n, x):
+  program = programs.PROGRAMS_BY_NAME[name]
+  before = _before_copies_dropped(program.fn)
   after = redundant_copies.drop_redundant_copies(before)
-  label, result = "checked_halves/endif3.1", "checked_halves._result"
-  assert _writes_of(before, label, result) == 1
-  assert _writes_of(after, label, result) == 0
-  depth, x = np.array([0, 1, 3, 5, 2, 4]), np.array([4, 0, 2, 40, -2, 9])
-  want = [programs._checked_halves_oracle(d, v) for d, v in zip(depth, x)]  # pylint: disable=protected-access
-  np.testing.assert_array_equal(_run(before, depth, x), want)
-  np.testing.assert_array_equal(_run(after, depth, x), want)
-
-
-def test_a_name_given_a_new_value_is_still_written():
-  # result_or_changed returns its call's result `y` (a copy: dropped), or
-  # `y` after `y = y - 3` in the same code as `z = y` (a new value: kept).
-  before = _before_copies_dropped(programs.result_or_changed)
-  after = redundant_copies.drop_redundant_copies(before)
-  label, result = "result_or_changed/endif3.1", "result_or_changed._result"
-  assert _writes_of(before, label, result) == 2
-  assert _writes_of(after, label, result) == 1
-  n = np.array([0, 1, 2, 3, 4, 5, 6, 6, 3])
-  x = np.array([-5, 40, 21, 0, 7, -3, 12, 30, 19])
-  want = [programs._result_or_changed_oracle(a, b) for a, b in zip(n, x)]  # pylint: disable=protected-access
+  label, result = f"{name}/endif3.1", f"{name}._result"
+  assert _writes_of(before, label, result) == writes_before
+  assert _writes_of(after, label, result) == writes_after
+  want = [program.oracle(a, b) for a, b in zip(n, x)]
   np.testing.assert_array_equal(_run(before, n, x), want)
   np.testing.assert_array_equal(_run(after, n, x), want)
 
