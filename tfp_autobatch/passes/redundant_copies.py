@@ -45,10 +45,9 @@ def _kept_ops(ops, types):
     new = {}
     for out in ir2.writes(inner):
       source = copied.get(out)
-      same_type = source is not None and types.get(source) == types.get(out)
+      same_type = (source is not None and types.get(out) is not None
+                   and types.get(source) == types.get(out))
       new[out] = now(source) if same_type else ("new", next(fresh))
-    if isinstance(inner, (ir2.Pop, ir2.Update)):
-      new = {inner.var: ("new", next(fresh))}
     if new and all(new[v] == now(v) for v in new):
       continue                               # changes nothing: dropped
     if isinstance(op, ir2.Guarded):
@@ -62,7 +61,8 @@ def _kept_ops(ops, types):
 
 def _copies(op):
   """`{out: in}` for the outputs `op` sets to the value an input had when
-  the op began."""
+  the op began (none for a Push, Pop or Update: a Pop or Update gives its
+  variable a value from the stack)."""
   if isinstance(op, ir2.Move):
     return dict(zip(op.outs, op.ins))
   if not isinstance(op, ir2.Primitive) or op.batched:
