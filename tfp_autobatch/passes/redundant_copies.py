@@ -63,12 +63,11 @@ def _copies(op):
   """`{out: in}` for the outputs `op` sets to the value an input had when
   the op began (none for a Push, Pop or Update: a Pop or Update gives its
   variable a value from the stack)."""
-  if isinstance(op, ir2.Move):
+  if isinstance(op, ir2.Move) or (isinstance(op, ir2.Primitive)
+                                  and op.code is inline.COPY):
     return dict(zip(op.outs, op.ins))
   if not isinstance(op, ir2.Primitive) or op.batched:
     return {}
-  if op.code is inline.COPY:
-    return dict(zip(op.outs, op.ins))
   return _copies_in_code(op)
 
 
