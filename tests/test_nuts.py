@@ -333,7 +333,7 @@ def test_traced_pc_xla_step_is_one_xla_computation():
 
 def test_pc_xla_transition_copies_no_register_bank():
   """pc:xla writes the VM's register banks in place. A block alone in its
-  dispatch (`pc_vm.Dispatch`) used to be inlined into its loop, where XLA
+  dispatch (`dispatch.Dispatch`) used to be inlined into its loop, where XLA
   fused its reads of a bank into the loop's write of it and then copied
   the bank every step: NUTS steps on the 100-d Gaussian took twice as long
   when the hot blocks were alone in their dispatches."""

@@ -3,7 +3,6 @@ optimisations and the VM (paper section 3)."""
 import collections
 import os
 import re
-import types as pytypes
 
 import hypothesis
 from hypothesis import strategies as st
@@ -22,7 +21,9 @@ from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import redundant_copies
 from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
+from tfp_autobatch.runtime import batched_primitive_calls
 from tfp_autobatch.runtime import pc_vm
+from tfp_autobatch.runtime import schedule as schedule_lib
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
 
@@ -406,7 +407,7 @@ def test_model_outputs_stop_xla_constant_inference_at_no_cost():
     def run(x):
       shape = tf.switch_case(x[0] % 2, [lambda: tf.constant([2, 3])] * 2)
       if barrier:
-        shape, = pc_vm._opaque_to_constant_inference([shape])
+        shape, = batched_primitive_calls.opaque_to_constant_inference([shape])
       return tf.reshape(x, shape)
     return tf.function(run, jit_compile=True, autograph=False)
 
@@ -415,14 +416,15 @@ def test_model_outputs_stop_xla_constant_inference_at_no_cost():
                      match="compile-time constant"):
     reshape(True)(x)
   # XLA deletes the loop that never runs: nothing of it is left to execute.
-  barrier = tf.function(lambda x: pc_vm._opaque_to_constant_inference([x]),
-                        jit_compile=True, autograph=False)
+  barrier = tf.function(
+      lambda x: batched_primitive_calls.opaque_to_constant_inference([x]),
+      jit_compile=True, autograph=False)
   np.testing.assert_array_equal(barrier(x)[0], x)
   before = barrier.experimental_get_compiler_ir(x)(stage="hlo")
   after = barrier.experimental_get_compiler_ir(x)(stage="optimized_hlo")
   assert " while(" in before
   assert " while(" not in after
-  assert pc_vm._opaque_to_constant_inference([]) == []
+  assert batched_primitive_calls.opaque_to_constant_inference([]) == []
 
 
 # -- the VM through the public API.
@@ -542,7 +544,7 @@ def test_most_waiting_schedule():
 
 
 def _next_block_np(pc_top, halt, schedule, model_blocks):
-  """The schedules as `PcVmRuntime` documents them, in NumPy."""
+  """The schedules as the `schedule` module documents them, in NumPy."""
   if schedule == "lowest_pc":
     return min(pc_top.min(), halt)
   counts = np.bincount(pc_top[pc_top < halt], minlength=halt)
@@ -573,7 +575,7 @@ def _model_in_a_loop(n):
 
 @hypothesis.settings(max_examples=100, deadline=None)
 @hypothesis.given(pc_top=st.lists(st.integers(0, 8), min_size=1, max_size=9),
-                  schedule=st.sampled_from(pc_vm.SCHEDULES))
+                  schedule=st.sampled_from(schedule_lib.SCHEDULES))
 # The model block (2) is the most crowded but others wait elsewhere; the
 # lowest block holds half as many as the most crowded; all halted.
 @hypothesis.example(pc_top=[2, 2, 2, 2, 3], schedule="primitives_last")
@@ -583,16 +585,22 @@ def _model_in_a_loop(n):
 def test_schedules_pick_the_documented_block(pc_top, schedule):
   # Eight blocks, the third calling the model: the schedules disagree.
   program = pipeline.stack_program(_model_in_a_loop, INT)
-  runtime = pc_vm.PcVmRuntime(program, 16, mode="graph", schedule=schedule)
   model_blocks = [int(ir2.calls_batched_primitive(b))
                   for b in program.blocks]
   assert program.halt == 8 and model_blocks.index(1) == 2
   pc_top = np.array(pc_top, np.int32)
-  got = runtime._next_block(tf.constant(pc_top))  # pylint: disable=protected-access
+  got = schedule_lib.Schedule(program, schedule).next_block(
+      tf.constant(pc_top))
   assert int(got) == _next_block_np(pc_top, 8, schedule, model_blocks)
 
 
-@pytest.mark.parametrize("schedule", pc_vm.SCHEDULES)
+def test_an_unknown_schedule_is_refused_with_the_known_ones():
+  program = pipeline.stack_program(fib, INT)
+  with pytest.raises(ValueError, match="one of .*lowest_pc.*not 'fastest'"):
+    pc_vm.PcVmRuntime(program, 16, schedule="fastest")
+
+
+@pytest.mark.parametrize("schedule", schedule_lib.SCHEDULES)
 def test_every_schedule_gives_the_same_results(schedule):
   program = pipeline.stack_program(_model_in_a_loop, INT)
   runtime = pc_vm.PcVmRuntime(program, 16, mode="graph", schedule=schedule)
@@ -672,89 +680,6 @@ def test_overflow_inside_user_xla_poisons_the_members():
 
   got = user(tf.constant([2, 6, 4], tf.int32)).numpy()
   assert got.tolist() == [1, np.iinfo(np.int32).min, 3]
-
-
-# -- push / pop / update against a list-of-stacks model.
-
-Z, D = 3, 5
-
-
-def _stub(cached_top):
-  program = pytypes.SimpleNamespace(stacked=frozenset(["v"]),
-                                    cached_top=cached_top)
-  return pytypes.SimpleNamespace(program=program, depth=D)
-
-
-_ops = st.lists(st.tuples(st.sampled_from(["push", "pop", "update", "write"]),
-                          st.lists(st.booleans(), min_size=Z, max_size=Z),
-                          st.lists(st.integers(-99, 99), min_size=Z,
-                                   max_size=Z)),
-                max_size=12)
-
-
-_apply_write_xla = tf.function(
-    lambda stack, write: stack_banks.apply_stack_write(stack, write, xla=True),
-    jit_compile=True)
-
-
-@hypothesis.settings(max_examples=40, deadline=None)
-@hypothesis.given(ops=_ops, cached_top=st.booleans(), xla=st.booleans())
-def test_stack_ops_match_list_model(ops, cached_top, xla):
-  # With a cached top the stack buffer lives outside the store and a push
-  # returns a StackWrite, applied as the VM's loop applies it after a block
-  # (under XLA, masked-off rows are skipped by an out-of-range index).
-  vm = _stub(cached_top)
-  cls = pc_vm.PcVmRuntime
-  current = [0] * Z
-  saved = [[] for _ in range(Z)]
-  stack = tf.zeros([D, Z], tf.int32)
-  store = {"sp": tf.zeros([Z], tf.int32)}
-  if cached_top:
-    store["top"] = tf.zeros([Z], tf.int32)
-  else:
-    store["stack"] = stack
-  for kind, mask, values in ops:
-    # Keep to the members for which the op is legal.
-    if kind == "push":
-      mask = [m and len(saved[i]) < D - 1 for i, m in enumerate(mask)]
-    if kind in ("pop", "update"):
-      mask = [m and bool(saved[i]) for i, m in enumerate(mask)]
-    m = tf.constant(mask)
-    value = tf.constant(values, tf.int32)
-    match kind:
-      case "push":
-        # A block pushes the variable's value, then writes it back (the
-        # push leaves the cached top alone).
-        store, write = cls._push(vm, store, "v", value, m)
-        assert (write is not None) == cached_top
-        if write is not None:
-          stack = (_apply_write_xla(stack, write) if xla else
-                   stack_banks.apply_stack_write(stack, write))
-        store = cls._write(vm, store, "v", value, m)
-      case "write":
-        store = cls._write(vm, store, "v", value, m)
-      case "pop" | "update":
-        store, _ = cls._pop(vm, store, "v", m, keep=kind == "update",
-                            stack=stack if cached_top else None)
-    for i in range(Z):
-      if not mask[i]:
-        continue
-      match kind:
-        case "push":
-          saved[i].append(values[i])
-          current[i] = values[i]
-        case "write":
-          current[i] = values[i]
-        case "pop":
-          current[i] = saved[i].pop()
-        case "update":
-          current[i] = saved[i][-1]
-    assert cls._value(vm, store, "v").numpy().tolist() == current
-    sp = store["sp"].numpy()
-    assert sp.tolist() == [len(s) for s in saved]
-    stack_now = (stack if cached_top else store["stack"]).numpy()
-    for i in range(Z):
-      assert stack_now[:len(saved[i]), i].tolist() == saved[i]
 
 
 def test_early_return_on_the_else_side_and_speculation_safety():

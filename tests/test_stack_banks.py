@@ -96,7 +96,7 @@ def test_compiled_loop_scatters_once_per_bank():
   hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
       stage="optimized_hlo")
   # One scatter per bank in each dispatch's loop (see
-  # `pc_vm.PcVmRuntime._dispatch_groups`) that writes the bank.
+  # `dispatch.group_blocks`) that writes the bank.
   dispatches = runtime._dispatches  # pylint: disable=protected-access
   writing = [d for d in dispatches if d.stack_capacity[("int32", ())]]
   assert all(not any(d.bank_capacity.values()) for d in dispatches)

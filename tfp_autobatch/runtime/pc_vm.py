@@ -28,13 +28,13 @@ Z rows, inactive rows fed a copy of an active row's inputs (so junk can never
 raise or poison), and results are kept with `tf.where(active, new, old)`.
 Under XLA, which never raises, inactive rows keep their own junk. A
 `@batched_primitive` (the expensive model) runs on the members only:
-gathered into one of a few fixed sizes under XLA (`MEMBER_BUCKETS`), and
-into exactly as many rows as there are members elsewhere.
+gathered into one of a few fixed sizes under XLA, and into exactly as many
+rows as there are members elsewhere (`batched_primitive_calls`).
 Temporaries live only in a block's local environment. Block functions are
 built once per block with the block index static (paper Fig. 5): in graph
 mode the loop is a `tf.while_loop` over `tf.switch_case(next_pc, blocks)`.
 Under XLA the blocks are split into dispatches by how much they write back
-(`Dispatch`), each a `tf.while_loop` over its own `tf.switch_case` that runs
+(`dispatch`), each a `tf.while_loop` over its own `tf.switch_case` that runs
 while the next block is one of its, inside a loop that runs until every
 member halts: a block then pads its register and stack writes only to the
 largest writer of its dispatch, not of the program.
@@ -46,7 +46,6 @@ dtype's minimum for integers, False for booleans) and a `tf.debugging.Assert`
 fails the graph; under the user's XLA, which drops asserts, the poisoned rows
 are what remains.
 """
-import collections
 import functools
 
 import numpy as np
@@ -57,37 +56,19 @@ from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.passes import liveness
 from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.runtime import batched_primitive_calls
+from tfp_autobatch.runtime import dispatch as dispatch_lib
 from tfp_autobatch.runtime import register_file
+from tfp_autobatch.runtime import schedule as schedule_lib
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import stats as stats_lib
+from tfp_autobatch.runtime import variable_store
 from tfp_autobatch.runtime import vectorize
-
-# Under XLA a @batched_primitive (the user's model) runs on the block's
-# members gathered into the smallest of Z, Z/2, Z/4, Z/8 rows (rounded up)
-# that holds them all, instead of on all Z rows: XLA needs static shapes,
-# so a few sizes, each compiled, stand in for the member count.
-MEMBER_BUCKETS = (1, 2, 4, 8)
 
 # The name scope of block i's ops in the compiled loop is BLOCK_SCOPE + i
 # (for profiles: XLA keeps TensorFlow's op names in its instructions'
 # metadata).
 BLOCK_SCOPE = "vm_block_"
-
-SCHEDULES = ("lowest_pc", "most_waiting", "crowded_lowest_pc",
-             "primitives_last")
-
-def _set_rows(stack, sp, value, mask):
-  """`stack` with `stack[sp[i], i] = value[i]` where `mask[i]`.
-
-  A select against a one-hot of the stack pointers rather than a scatter:
-  XLA on CPU runs a scatter as a loop over rows, a select as one fused pass.
-  """
-  def leaf(s, v):
-    depth = tf.shape(s)[0]
-    hit = tf.logical_and(tf.equal(tf.range(depth)[:, None], sp[None, :]),
-                         mask[None, :])
-    return batch_state.where(hit, v[None], s)
-  return tf.nest.map_structure(leaf, stack, value)
 
 
 def _row_sources(mask):
@@ -97,93 +78,6 @@ def _row_sources(mask):
   first = tf.cast(tf.argmax(tf.concat([tf.cast(mask, tf.int32), [1]], 0)),
                   tf.int32)
   return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
-
-
-def _on_members(kernel, z, members, ins, skip):
-  """`(kernel's outputs on all Z rows, rows computed)`, computing only on
-  the members' rows gathered into the smallest bucket (see
-  `MEMBER_BUCKETS`) that holds them; the outputs of the other rows are
-  junk, which the block discards. With no members (a guarded call whose
-  guard holds for none) it computes nothing and returns `skip()`.
-  Only under XLA, where the bucket sizes are compile-time constants (Z is
-  static once compiled). With Z known at trace time, buckets as large as
-  Z or as another bucket are left out (at one chain there are none: the
-  call runs on its one row, or not at all)."""
-  count = tf.reduce_sum(tf.cast(members, tf.int32))
-  static_z = members.shape[0]
-  sizes = [((z if static_z is None else static_z) + d - 1) // d
-           for d in MEMBER_BUCKETS[1:]]
-  if static_z is not None:
-    sizes = sorted(set(sizes) - {static_z}, reverse=True)
-
-  def everyone():
-    return list(kernel(z, *ins)), z
-
-  def bucket(size):
-    def run():
-      # Members first, in row order: one stable sort finds the rows to
-      # take (`_to_all_rows` puts them back with a running count, cheaper
-      # than sorting back).
-      order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
-                         stable=True)[:size]
-      taken = tf.nest.map_structure(lambda x: tf.gather(x, order), ins)
-      return _to_all_rows(kernel(size, *taken), members, size), size
-    return run
-
-  # Sizes fall along MEMBER_BUCKETS: the last one holding `count` wins;
-  # past them (the 0), the branch for no members.
-  index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
-  outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
-                              + [skip])
-  return _opaque_to_constant_inference(outs), rows
-
-
-def _to_all_rows(outs, members, size):
-  """Outputs computed on the members gathered into `size` rows (members
-  first, in row order), on all Z rows: member i's are in its slot, the
-  count of members before it; the other rows get the next member's (or
-  the last row's)."""
-  slot = tf.minimum(tf.cumsum(tf.cast(members, tf.int32), exclusive=True),
-                    size - 1)
-  return tf.nest.map_structure(lambda y: tf.gather(y, slot), list(outs))
-
-
-def _on_members_exactly(kernel, members, ins, skip, eager):
-  """`(kernel's outputs on all Z rows, rows computed)`, computing on the
-  members' rows only, gathered (eager and graph modes, where shapes may
-  vary from call to call). The other rows get a member's outputs: junk,
-  which the block discards, but values the model made, so nothing raises
-  on them. With no members it computes nothing and returns `skip()`."""
-  rows = tf.cast(tf.reshape(tf.where(members), [-1]), tf.int32)
-  count = tf.size(rows)
-
-  def compute():
-    taken = tf.nest.map_structure(lambda x: tf.gather(x, rows), ins)
-    return _to_all_rows(kernel(count, *taken), members, count), count
-
-  if eager:
-    return compute() if int(count) else skip()
-  return tf.cond(count > 0, compute, skip)
-
-
-def _opaque_to_constant_inference(values):
-  """`values`, passed through a loop that never runs.
-
-  When TF lowers a `tf.switch_case` to XLA, it first tries to prove
-  compile-time constant its branch index and the inputs its branches need
-  constant, and that proof follows them back through earlier conditionals
-  into their branches, evaluating those on the host (up to a million
-  elements a value). A model call's outputs feed the block's next guards
-  and model calls, so every later call re-evaluated the model: a 64-row
-  logistic-regression gradient (two dots with a 10,000 x 100 matrix) in
-  XLA's slow constant evaluator, seconds a call site. The inference takes a
-  while loop's results as unknowable and stops there; XLA deletes the
-  loop, which runs zero times, when it optimises, so it costs nothing when
-  the program runs.
-  """
-  if not values:
-    return values
-  return list(tf.while_loop(lambda *_: False, lambda *v: v, values))
 
 
 def _poison(value, mask):
@@ -198,22 +92,6 @@ def _poison(value, mask):
   return tf.nest.map_structure(leaf, value)
 
 
-def _size_class(elements):
-  """The power of two at or above `elements` (as its exponent; 0 for 0)."""
-  return int(elements - 1).bit_length() if elements else 0
-
-
-class Dispatch(collections.namedtuple(
-    "Dispatch", ["blocks", "bank_capacity", "stack_capacity", "writes"])):
-  """A set of blocks the VM's loop runs through one `tf.switch_case`.
-
-  `blocks`: their indices; `bank_capacity` and `stack_capacity`: the rows
-  each of them writes per register and stack bank (the most any of them
-  writes; see `register_file.RegisterBanks` and `stack_banks.StackBanks`);
-  `writes`: the packing of their stack writes.
-  """
-
-
 class PcVmRuntime:
   """Runs an optimised IR-2 program on a batch.
 
@@ -221,37 +99,27 @@ class PcVmRuntime:
     program: the IR-2 program (`pipeline.stack_program_of`).
     max_stack_depth: D, the frames a member may have (entry included).
     mode: "eager" (Python loop, for debugging), "graph" or "xla".
-    schedule: "lowest_pc" (the paper's), "most_waiting",
-      "crowded_lowest_pc" (the lowest block holding at least half as many
-      members as the most crowded one; measured on fib, collatz and NUTS it
-      is as good as the best of the other two), or "primitives_last" (the
-      backends' default: crowded_lowest_pc, except that blocks calling a
-      `@batched_primitive` run only when no other block has members, so the
-      model runs on as many members as can reach it; without batched
-      primitives it is crowded_lowest_pc).
+    schedule: which block runs next, one of `schedule.SCHEDULES` (see
+      `schedule`).
   """
 
   def __init__(self, program, max_stack_depth, mode="graph",
                schedule="lowest_pc"):
     if mode not in ("eager", "graph", "xla"):
       raise ValueError(f"mode must be eager, graph or xla, not {mode!r}")
-    if schedule not in SCHEDULES:
-      raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     self.program = program
     self.depth = int(max_stack_depth)
     self.mode = mode
-    self.schedule = schedule
+    self.schedule = schedule_lib.Schedule(program, schedule)
     self.kernels = vectorize.KernelCache(jit_compile=False,
                                          inside_xla=mode == "xla")
     self.stats = None
     self.stats_tensors = None
     self.trace_count = 0
+    self._store = variable_store.VariableStore(
+        program.stacked, program.cached_top, self.depth)
     self._live_out = self._values_live_out()
     self._blocks = [self._block_fn(i, b) for i, b in enumerate(program.blocks)]
-    calls_model = [ir2.calls_batched_primitive(b) for b in program.blocks]
-    self._model_blocks = ([int(c) for c in calls_model]
-                          if schedule == "primitives_last" and any(calls_model)
-                          else None)
     self._compiled = {}   # static batch size (None: unknown) -> tf.function
 
   # -- the public interface shared with LocalStaticRuntime -------------------
@@ -336,7 +204,7 @@ class PcVmRuntime:
     halt = self.program.halt
     if eager:
       while True:
-        nxt = int(self._next_block(self._small(state)["pc_top"]))
+        nxt = int(self.schedule.next_block(self._small(state)["pc_top"]))
         if nxt >= halt:
           break
         state = self._step(nxt, state, eager=True)
@@ -346,9 +214,9 @@ class PcVmRuntime:
       def run(dispatch):
         def body(nxt, state):
           state = self._step(nxt, state, eager=False, dispatch=dispatch)
-          return self._next_block(self._small(state)["pc_top"]), state
+          return self.schedule.next_block(self._small(state)["pc_top"]), state
         return body
-      start = (self._next_block(self._small(state)["pc_top"]), state)
+      start = (self.schedule.next_block(self._small(state)["pc_top"]), state)
       if len(self._dispatches) == 1:
         _, state = tf.while_loop(lambda nxt, state: nxt < halt,
                                  run(self._dispatches[0]), start)
@@ -377,7 +245,7 @@ class PcVmRuntime:
           return nxt, state
         _, state = tf.while_loop(lambda nxt, state: nxt < halt, body, start)
     small = self._small(state)
-    result = self._value(small["vars"][self.program.result],
+    result = self._store.value(small["vars"][self.program.result],
                          self.program.result)
     result = _poison(result, small["overflow"])
     counters = (state["steps"], state["executions"], state["active"],
@@ -451,35 +319,6 @@ class PcVmRuntime:
                                                    dispatch.stack_capacity)),
             tf.constant(0))
 
-  def _next_block(self, pc_top):
-    halt = self.program.halt
-    if pc_top.shape[0] == 1:
-      # One member: every schedule picks the block it waits at (the halt
-      # label once it is done).
-      return tf.reshape(pc_top, [])
-    if self.schedule == "lowest_pc":
-      return tf.reduce_min(tf.concat([pc_top, [halt]], 0))
-    # Each schedule is maxima over the blocks' member counts, then the
-    # lowest block index that qualifies (the halt label if none does).
-    counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
-    most = tf.reduce_max(counts)
-    if self._model_blocks is not None:
-      # Blocks that call a @batched_primitive (the model: the expensive
-      # part) wait while any other block has members, so that they run for
-      # as many members as can reach them.
-      others = counts * (1 - tf.constant(self._model_blocks, tf.int32))
-      most_others = tf.reduce_max(others)
-      counts = tf.where(most_others > 0, others, counts)
-      most = tf.where(most_others > 0, most_others, most)
-    if self.schedule in ("crowded_lowest_pc", "primitives_last"):
-      # The lowest block holding at least half as many members as the most
-      # crowded one: keeps lowest-pc's depth-first recursion, but does not
-      # starve a crowded block behind a loop that a few members keep taking.
-      picked = tf.logical_and(counts > 0, 2 * counts >= most)
-    else:
-      picked = tf.logical_and(counts > 0, counts >= most)
-    return tf.reduce_min(tf.where(picked, tf.range(halt), halt))
-
   def _initial_state(self, args):
     p = self.program
     leaves = tf.nest.flatten(args)
@@ -496,17 +335,9 @@ class PcVmRuntime:
         value = vectorize.conform(values[v], t)
       else:
         value = types_lib.zeros(t, z)
-      if v not in p.stacked:
-        variables[v] = value
-        continue
-      stack = types_lib.zeros(t, d, z)
-      sp = tf.zeros([z], tf.int32)
-      if p.cached_top:
-        variables[v] = {"top": value, "sp": sp}
+      variables[v], stack = self._store.initial(v, value, t, z)
+      if stack is not None:
         stacks[v] = stack
-      else:
-        variables[v] = {"stack": _set_rows(stack, sp, value,
-                                           tf.ones([z], tf.bool)), "sp": sp}
     small = {
         "vars": variables,
         "pc_top": tf.zeros([z], tf.int32),
@@ -537,7 +368,9 @@ class PcVmRuntime:
         rest, enabled=pack and p.cached_top)
     self._stacks = stack_banks.StackBanks(stacks, d,
                                           enabled=pack and p.cached_top)
-    self._dispatches = self._dispatch_groups(z, pack)
+    self._dispatches = dispatch_lib.group_blocks(
+        self._changed, [self._pushed_stacks(b) for b in p.blocks],
+        self._banks, self._stacks, z, pack)
     self._dispatch_of = {i: d for d in self._dispatches for i in d.blocks}
     return {
         "registers": self._registers.pack(rest),
@@ -549,47 +382,6 @@ class PcVmRuntime:
         "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
         "rows": tf.constant(0, tf.int32),
     }
-
-  def _dispatch_groups(self, z, pack):
-    """The blocks split into dispatches (see `Dispatch`), one per size
-    class of what a block writes back, with each dispatch's bank writes
-    sized for its own blocks.
-
-    The branches of one `tf.switch_case` must return the same shapes, so
-    every block of a dispatch writes as many bank rows as its largest
-    writer, padded with zeros: on NUTS's 100-d Gaussian at 64 chains, half
-    the [Z, 100] rows written were padding. A block's class is the pair
-    of powers of two at or above the elements per member it writes to the
-    register banks and to the stack banks: the two are padded apart, so a
-    block that pushes much and writes few registers (NUTS's block after a
-    first half: 8 [d] vectors pushed, 3 written) would pad its register
-    writes to a block writing many (a trajectory's doubling, 16) if one
-    sum classed them together. Only under XLA with banks (elsewhere
-    nothing is padded): one dispatch of every block otherwise.
-    """
-    p = self.program
-    pushed = [self._pushed_stacks(b) for b in p.blocks]
-    classes = [(0, 0)] * len(p.blocks)
-    if pack and self._stacks.enabled:
-      for i in range(len(p.blocks)):
-        classes[i] = tuple(
-            _size_class(sum(n * int(np.prod(key[1], dtype=np.int64))
-                            for key, n in written.items()))
-            for written in (self._banks.written(self._changed[i]),
-                            self._stacks.written(pushed[i])))
-    dispatches = []
-    for c in sorted(set(classes)):
-      blocks = tuple(i for i in range(len(p.blocks)) if classes[i] == c)
-      stack_capacity = self._stacks.capacity([pushed[i] for i in blocks])
-      # Banked writes are a few [K * Z, ...] tensors, not rows of the
-      # batch.
-      writes = register_file.RegisterFile(
-          self._stacks.pack({}, z, stack_capacity),
-          enabled=pack and not self._stacks.enabled)
-      dispatches.append(Dispatch(
-          blocks, self._banks.capacity([self._changed[i] for i in blocks]),
-          stack_capacity, writes))
-    return dispatches
 
   def _values_live_out(self):
     """{label: variables whose value may be read after the block}: IR-2
@@ -635,66 +427,6 @@ class PcVmRuntime:
       positions.append(frozenset(i for i, owner in enumerate(owners)
                                  if owner in changed))
     return positions
-
-  # -- storage of one variable ----------------------------------------------
-  # `store` is vars[v]; with a cached top, `stack` is stacks[v] (read only:
-  # a push returns a StackWrite for the loop to apply).
-
-  def _value(self, store, v):
-    """The current value of variable `v` (every row)."""
-    if v not in self.program.stacked:
-      return store
-    if self.program.cached_top:
-      return store["top"]
-    return stack_banks.rows_at(store["stack"], store["sp"])
-
-  def _write(self, store, v, value, mask):
-    if v not in self.program.stacked:
-      return batch_state.where(mask, value, store)
-    store = dict(store)
-    if self.program.cached_top:
-      store["top"] = batch_state.where(mask, value, store["top"])
-    else:
-      store["stack"] = _set_rows(store["stack"], store["sp"], value, mask)
-    return store
-
-  def _push(self, store, v, value, mask):
-    """Saves `value` (v's current value) below a new current slot.
-
-    Returns the new store and, with a cached top, the StackWrite that saves
-    `value` (None otherwise: the stack in the store is already written).
-    """
-    del v
-    store = dict(store)
-    top = self.depth - 1
-    sp = store["sp"]
-    write = None
-    if self.program.cached_top:
-      # The top keeps the value: the block writes it back if it is live.
-      write = stack_banks.StackWrite(tf.minimum(sp, top), value, mask)
-    else:
-      stack = _set_rows(store["stack"], tf.minimum(sp, top), value, mask)
-      store["stack"] = _set_rows(stack, tf.minimum(sp + 1, top), value, mask)
-    store["sp"] = sp + tf.cast(mask, tf.int32)
-    return store, write
-
-  def _pop(self, store, v, mask, keep, stack=None):
-    """Restores v's saved value; `keep` leaves the saved copy (Update)."""
-    del v
-    store = dict(store)
-    sp = store["sp"] - tf.cast(mask, tf.int32)
-    if self.program.cached_top:
-      saved = stack_banks.rows_at(stack, tf.maximum(sp, 0))
-      store["top"] = batch_state.where(mask, saved, store["top"])
-      if not keep:
-        store["sp"] = sp
-      return store, saved
-    saved = stack_banks.rows_at(store["stack"], tf.maximum(sp, 0))
-    if keep:
-      store["stack"] = _set_rows(store["stack"], store["sp"], saved, mask)
-    else:
-      store["sp"] = sp
-    return store, saved
 
   # -- one block ------------------------------------------------------------
 
@@ -747,7 +479,7 @@ class PcVmRuntime:
           if v in p.temporaries:
             raise errors.IRError(f"{block.label}: temporary '{v}' read "
                                  "before it is written")
-          env[v] = sanitize(self._value(variables[v], v))
+          env[v] = sanitize(self._store.value(variables[v], v))
         return env[v]
 
       def members(guard):
@@ -758,13 +490,12 @@ class PcVmRuntime:
         """`(values, rows computed)` of a primitive, on every row. A
         @batched_primitive runs on its members (the block's, less a
         guard's) gathered, and not at all without members: see
-        `_on_members` (XLA) and `_on_members_exactly`. Another primitive
-        runs on every row; with a guard, for its members only: under XLA
-        it still runs on every row like the rest of the block; elsewhere
-        user code may raise on the rows that would not have run it (an
-        index past the end that the guard tests for), so those rows get a
-        guarded member's inputs, and nothing runs when no member is
-        guarded in."""
+        `batched_primitive_calls`. Another primitive runs on every row;
+        with a guard, for its members only: under XLA it still runs on
+        every row like the rest of the block; elsewhere user code may
+        raise on the rows that would not have run it (an index past the
+        end that the guard tests for), so those rows get a guarded
+        member's inputs, and nothing runs when no member is guarded in."""
         ins = [read(v) for v in op.ins]
         kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
                                   [p.types[v] for v in op.outs],
@@ -774,10 +505,11 @@ class PcVmRuntime:
           """Nothing computed: zeros, which no member reads."""
           return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
         if self.mode == "xla" and op.batched:
-          return _on_members(kernel, z, members(guard), ins, skip)
+          return batched_primitive_calls.on_members_in_buckets(
+              kernel, z, members(guard), ins, skip)
         if op.batched:
-          return _on_members_exactly(kernel, members(guard), ins, skip,
-                                     eager=self.mode == "eager")
+          return batched_primitive_calls.on_members_exactly(
+              kernel, members(guard), ins, skip, eager=self.mode == "eager")
         if guard is None or self.mode == "xla":
           return kernel(z, *ins), z
         runs = members(guard)
@@ -808,13 +540,13 @@ class PcVmRuntime:
             assign(outs, [vectorize.conform(read(v), p.types[v2])
                           for v, v2 in zip(ins, outs)], guard)
           case ir2.Push(v):
-            variables[v], write = self._push(variables[v], v, read(v),
-                                             members(guard))
+            variables[v], write = self._store.push(variables[v], read(v),
+                                                   members(guard))
             if write is not None:
               writes[v] = write
           case ir2.Pop(v) | ir2.Update(v) if guard is None:
-            store, saved = self._pop(
-                variables[v], v, active, keep=isinstance(op, ir2.Update),
+            store, saved = self._store.pop(
+                variables[v], active, keep=isinstance(op, ir2.Update),
                 stack=(self._stacks.view(stacks, v) if p.cached_top
                        else None))
             if p.cached_top and v not in live_out:
@@ -835,7 +567,7 @@ class PcVmRuntime:
           case _:
             run_op(op, None)
       for v in sorted((dirty - p.temporaries) & live_out):
-        variables[v] = self._write(variables[v], v, env[v], active)
+        variables[v] = self._store.write(variables[v], v, env[v], active)
       state["vars"] = variables
       self._terminate(block.terminator, state,
                       self._stacks.view(stacks, "pc"), writes, active, read)

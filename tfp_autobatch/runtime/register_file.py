@@ -153,7 +153,7 @@ class RegisterBanks:
   bank a register is a static slice `bank[i]` (contiguous, so the readers
   fuse it), and a block returns only the registers it may change, as
   `(indices [K], values [K, Z, ...])` per bank (K the most any block of
-  its dispatch changes, see `pc_vm.Dispatch`; the padding writes go to
+  its dispatch changes, see `dispatch.Dispatch`; the padding writes go to
   row R, past the end, with zeros); the
   loop applies them in place with one XLA scatter per bank, which skips
   the padding. (XLA only: the other modes pass tensors through the

@@ -12,7 +12,7 @@ where a whole VM step costs about 13 us).
 `StackBanks` keeps the leaves of one dtype and per-example shape together,
 as [D, S, Z, ...] (S leaves), and applies a block's writes to a bank with
 one scatter of K * Z rows, K being the most leaves of that bank any one
-block of its dispatch writes (`pc_vm.Dispatch`). Reading a stack is a
+block of its dispatch writes (`dispatch.Dispatch`). Reading a stack is a
 static slice `bank[:, slot]`, which XLA fuses into the gather of the
 popped rows. Masked-off rows and padding get the out-of-range row D,
 which XLA's scatter skips.

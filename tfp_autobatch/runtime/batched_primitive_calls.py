@@ -1,0 +1,106 @@
+"""Calls of a `@batched_primitive` (the user's model) on a block's members.
+
+The program-counter VM runs a block's other ops on every row of the batch
+and keeps the members' results; the model, the expensive part, it runs on
+the members only, gathered. Under XLA, which needs static shapes, the
+members go into the smallest of a few fixed sizes that holds them
+(`MEMBER_BUCKETS`, `on_members_in_buckets`); elsewhere into exactly as
+many rows as there are members (`on_members_exactly`). Either way every
+row gets outputs back: the members their own, the others a member's
+(junk that the block discards, but values the model made, so nothing
+raises on them).
+"""
+import tensorflow as tf
+
+# Under XLA a @batched_primitive (the user's model) runs on the block's
+# members gathered into the smallest of Z, Z/2, Z/4, Z/8 rows (rounded up)
+# that holds them all, instead of on all Z rows: XLA needs static shapes,
+# so a few sizes, each compiled, stand in for the member count.
+MEMBER_BUCKETS = (1, 2, 4, 8)
+
+
+def on_members_in_buckets(kernel, z, members, ins, skip):
+  """`(kernel's outputs on all Z rows, rows computed)`, computing only on
+  the members' rows gathered into the smallest bucket (see
+  `MEMBER_BUCKETS`) that holds them; the outputs of the other rows are
+  junk, which the block discards. With no members (a guarded call whose
+  guard holds for none) it computes nothing and returns `skip()`.
+  Only under XLA, where the bucket sizes are compile-time constants (Z is
+  static once compiled). With Z known at trace time, buckets as large as
+  Z or as another bucket are left out (at one chain there are none: the
+  call runs on its one row, or not at all)."""
+  count = tf.reduce_sum(tf.cast(members, tf.int32))
+  static_z = members.shape[0]
+  sizes = [((z if static_z is None else static_z) + d - 1) // d
+           for d in MEMBER_BUCKETS[1:]]
+  if static_z is not None:
+    sizes = sorted(set(sizes) - {static_z}, reverse=True)
+
+  def everyone():
+    return list(kernel(z, *ins)), z
+
+  def bucket(size):
+    def run():
+      # Members first, in row order: one stable sort finds the rows to
+      # take (`_to_all_rows` puts them back with a running count, cheaper
+      # than sorting back).
+      order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
+                         stable=True)[:size]
+      taken = tf.nest.map_structure(lambda x: tf.gather(x, order), ins)
+      return _to_all_rows(kernel(size, *taken), members, size), size
+    return run
+
+  # Sizes fall along MEMBER_BUCKETS: the last one holding `count` wins;
+  # past them (the 0), the branch for no members.
+  index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
+  outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
+                              + [skip])
+  return opaque_to_constant_inference(outs), rows
+
+
+def _to_all_rows(outs, members, size):
+  """Outputs computed on the members gathered into `size` rows (members
+  first, in row order), on all Z rows: member i's are in its slot, the
+  count of members before it; the other rows get the next member's (or
+  the last row's)."""
+  slot = tf.minimum(tf.cumsum(tf.cast(members, tf.int32), exclusive=True),
+                    size - 1)
+  return tf.nest.map_structure(lambda y: tf.gather(y, slot), list(outs))
+
+
+def on_members_exactly(kernel, members, ins, skip, eager):
+  """`(kernel's outputs on all Z rows, rows computed)`, computing on the
+  members' rows only, gathered (eager and graph modes, where shapes may
+  vary from call to call). The other rows get a member's outputs: junk,
+  which the block discards, but values the model made, so nothing raises
+  on them. With no members it computes nothing and returns `skip()`."""
+  rows = tf.cast(tf.reshape(tf.where(members), [-1]), tf.int32)
+  count = tf.size(rows)
+
+  def compute():
+    taken = tf.nest.map_structure(lambda x: tf.gather(x, rows), ins)
+    return _to_all_rows(kernel(count, *taken), members, count), count
+
+  if eager:
+    return compute() if int(count) else skip()
+  return tf.cond(count > 0, compute, skip)
+
+
+def opaque_to_constant_inference(values):
+  """`values`, passed through a loop that never runs.
+
+  When TF lowers a `tf.switch_case` to XLA, it first tries to prove
+  compile-time constant its branch index and the inputs its branches need
+  constant, and that proof follows them back through earlier conditionals
+  into their branches, evaluating those on the host (up to a million
+  elements a value). A model call's outputs feed the block's next guards
+  and model calls, so every later call re-evaluated the model: a 64-row
+  logistic-regression gradient (two dots with a 10,000 x 100 matrix) in
+  XLA's slow constant evaluator, seconds a call site. The inference takes a
+  while loop's results as unknowable and stops there; XLA deletes the
+  loop, which runs zero times, when it optimises, so it costs nothing when
+  the program runs.
+  """
+  if not values:
+    return values
+  return list(tf.while_loop(lambda *_: False, lambda *v: v, values))

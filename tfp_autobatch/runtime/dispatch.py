@@ -1,0 +1,79 @@
+"""The program-counter VM's blocks split into dispatches by how much they
+write back.
+
+The VM runs a block through a `tf.switch_case` whose branches must all
+return the same shapes, so every block of one `tf.switch_case` writes as
+many register-bank and stack-bank rows as its largest writer, padded with
+zeros: on NUTS's 100-d Gaussian at 64 chains, half the [Z, 100] rows
+written were padding when every block shared one. Under XLA the blocks
+are therefore grouped into dispatches, each its own `tf.switch_case` in a
+loop of its own (see `pc_vm`), and a block pads its writes only to its
+dispatch's largest writer.
+
+A block's class is the pair of powers of two at or above the elements
+per member it writes to the register banks and to the stack banks. The
+two are classed apart: a block that pushes much and writes few registers
+(NUTS's block after a first half: 8 [d] vectors pushed, 3 written) would
+pad its register writes to a block writing many (a trajectory's doubling,
+16) if one sum classed them together. One dispatch per exact write size
+was tried and was no faster: the extra loops cost what the padding saved.
+"""
+import collections
+
+import numpy as np
+
+from tfp_autobatch.runtime import register_file
+
+
+class Dispatch(collections.namedtuple(
+    "Dispatch", ["blocks", "bank_capacity", "stack_capacity", "writes"])):
+  """A set of blocks the VM's loop runs through one `tf.switch_case`.
+
+  `blocks`: their indices; `bank_capacity` and `stack_capacity`: the rows
+  each of them writes per register and stack bank (the most any of them
+  writes; see `register_file.RegisterBanks` and `stack_banks.StackBanks`);
+  `writes`: the packing of their stack writes.
+  """
+
+
+def size_class(elements):
+  """The power of two at or above `elements` (as its exponent; 0 for 0)."""
+  return int(elements - 1).bit_length() if elements else 0
+
+
+def group_blocks(changed, pushed, banks, stacks, z, pack):
+  """The blocks split into dispatches, one per class of what they write
+  back, each with its bank writes sized for its own blocks.
+
+  Args:
+    changed: per block, the register positions it may change (see
+      `register_file.RegisterBanks.written`).
+    pushed: per block, the names of the stacks it pushes to.
+    banks: the VM's `register_file.RegisterBanks`.
+    stacks: the VM's `stack_banks.StackBanks`.
+    z: the batch size (a scalar tensor).
+    pack: whether registers and stack writes are packed (under XLA only).
+      Without packing and stack banks nothing is padded, and every block
+      goes into one dispatch.
+  """
+  num_blocks = len(changed)
+  classes = [(0, 0)] * num_blocks
+  if pack and stacks.enabled:
+    for i in range(num_blocks):
+      classes[i] = tuple(
+          size_class(sum(n * int(np.prod(key[1], dtype=np.int64))
+                         for key, n in written.items()))
+          for written in (banks.written(changed[i]),
+                          stacks.written(pushed[i])))
+  dispatches = []
+  for c in sorted(set(classes)):
+    blocks = tuple(i for i in range(num_blocks) if classes[i] == c)
+    stack_capacity = stacks.capacity([pushed[i] for i in blocks])
+    # Banked writes are a few [K * Z, ...] tensors, not rows of the batch.
+    writes = register_file.RegisterFile(
+        stacks.pack({}, z, stack_capacity),
+        enabled=pack and not stacks.enabled)
+    dispatches.append(Dispatch(
+        blocks, banks.capacity([changed[i] for i in blocks]),
+        stack_capacity, writes))
+  return dispatches
