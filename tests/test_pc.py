@@ -24,7 +24,6 @@ from tfp_autobatch.passes import stack_optimize
 from tfp_autobatch.runtime import batched_primitive_calls
 from tfp_autobatch.runtime import pc_vm
 from tfp_autobatch.runtime import schedule as schedule_lib
-from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
 
 os.environ.setdefault("TFP_AUTOBATCH_DEBUG", "1")
