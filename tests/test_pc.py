@@ -233,10 +233,17 @@ def test_opt3_keeps_saving_a_parameter_some_call_changes():
 def _before_copies_dropped(fn):
   """The IR-2 program of `fn(int, int)` from every pass up to the one that
   drops redundant copies."""
-  program = stack_optimize.optimize(
-      lower.lower_to_stack_program(_typed(fn, INT * 2)))
-  return return_early.return_early(
-      branch_at_call.branch_at_call_sites(program))
+  return pipeline.stack_program_before(_typed(fn, INT * 2),
+                                       "drop_redundant_copies")
+
+
+def test_stack_program_before_a_pass_is_what_that_pass_receives():
+  typed = _typed(programs.checked_halves, INT * 2)
+  before = pipeline.stack_program_before(typed, "drop_redundant_copies")
+  assert (str(redundant_copies.drop_redundant_copies(before))
+          == str(pipeline.stack_program_of(typed)))
+  with pytest.raises(ValueError, match="no IR-2 pass 'inline'.*return_early"):
+    pipeline.stack_program_before(typed, "inline")
 
 
 def _writes_of(program, label, var):
@@ -302,7 +309,7 @@ def _steps(program, *args, depth=16):
 
 
 def test_callers_run_the_callee_entry_test():
-  before = stack_optimize.optimize(lower.lower_to_stack_program(_typed(fib)))
+  before = pipeline.stack_program_before(_typed(fib), "branch_at_call_sites")
   after = branch_at_call.branch_at_call_sites(before)
   assert "pushjump" in str(before) and "pushjump" not in str(after)
   assert ("    fib.n = move(fib._t4)\n"
@@ -322,8 +329,7 @@ def test_early_return_runs_in_the_testing_step():
   # `if first < 0: return first` after a recursive call: the block testing
   # it also runs the return and the second call, each for its members.
   typed = _typed(programs.checked_halves, INT * 2)
-  before = branch_at_call.branch_at_call_sites(
-      stack_optimize.optimize(lower.lower_to_stack_program(typed)))
+  before = pipeline.stack_program_before(typed, "return_early")
   after = return_early.return_early(before)
   assert "return if" not in str(before)
   assert ("    if checked_halves._cond6: checked_halves._result = "
@@ -729,8 +735,7 @@ def test_early_return_after_the_model_runs_the_next_model_call_guarded():
   # did not return, and the schedule still finds every model call in a
   # model block.
   typed = _typed(model_test_model)
-  before = branch_at_call.branch_at_call_sites(
-      stack_optimize.optimize(lower.lower_to_stack_program(typed)))
+  before = pipeline.stack_program_before(typed, "return_early")
   after = return_early.return_early(before)
   assert "if not model_test_model._cond1: model_test_model._t5 = " \
          "batched_primitive" in str(after)
@@ -792,8 +797,7 @@ def test_a_chain_of_early_returns_runs_in_one_step():
   # Test, return or call the model again, test again, ...: every test
   # and every guarded model call runs in the first block's step.
   typed = _typed(model_chain)
-  before = branch_at_call.branch_at_call_sites(
-      stack_optimize.optimize(lower.lower_to_stack_program(typed)))
+  before = pipeline.stack_program_before(typed, "return_early")
   after = return_early.return_early(before)
   ir2.verify_ir2(after, "return_early")
   assert len(after.blocks) == 1

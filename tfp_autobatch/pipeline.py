@@ -14,6 +14,7 @@ import os
 
 from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import branch_at_call
 from tfp_autobatch.passes import infer_types
@@ -76,23 +77,46 @@ def typed_program(entry, arg_types):
   return _TYPED[key]
 
 
+def _ir2_check(program, after):
+  if os.environ.get("TFP_AUTOBATCH_DEBUG", "0") == "1":
+    ir2.verify_ir2(program, after)
+  return program
+
+
+def _lowered(typed, before=None):
+  """IR-2 of a typed IR-1 program, through every pass, or through the
+  passes before the one named `before` (not cached)."""
+  def checked(name, run):
+    return name, lambda program: _ir2_check(run(program), name)
+  passes = [
+      ("stack_optimize",
+       lambda program: stack_optimize.optimize(program, _ir2_check)),
+      checked("branch_at_call_sites", branch_at_call.branch_at_call_sites),
+      checked("return_early", return_early.return_early),
+      checked("drop_redundant_copies", redundant_copies.drop_redundant_copies),
+  ]
+  if before is not None and before not in dict(passes):
+    raise ValueError(f"no IR-2 pass {before!r}; passes after lowering: "
+                     f"{[name for name, _ in passes]}")
+  program = _ir2_check(lower.lower_to_stack_program(typed), "lower")
+  for name, run in passes:
+    if name == before:
+      break
+    program = run(program)
+  return program
+
+
 def stack_program_of(typed):
   """The optimised IR-2 program of a typed IR-1 program (cached)."""
   if id(typed) not in _STACK or _STACK[id(typed)][0] is not typed:
-    from tfp_autobatch.ir import ir2
-    def check(program, after):
-      if os.environ.get("TFP_AUTOBATCH_DEBUG", "0") == "1":
-        ir2.verify_ir2(program, after)
-      return program
-    program = check(lower.lower_to_stack_program(typed), "lower")
-    program = stack_optimize.optimize(program, check)
-    program = check(branch_at_call.branch_at_call_sites(program),
-                    "branch_at_call_sites")
-    program = check(return_early.return_early(program), "return_early")
-    program = check(redundant_copies.drop_redundant_copies(program),
-                    "drop_redundant_copies")
-    _STACK[id(typed)] = (typed, program)
+    _STACK[id(typed)] = (typed, _lowered(typed))
   return _STACK[id(typed)][1]
+
+
+def stack_program_before(typed, pass_name):
+  """The IR-2 program of a typed IR-1 program as the pass `pass_name`
+  receives it (for tests of one pass; not cached)."""
+  return _lowered(typed, before=pass_name)
 
 
 def stack_program(entry, arg_types):
