@@ -7,6 +7,8 @@ other `@tab.batch` functions are hoisted out of expressions into `Call`s;
 and `and`/`or` become `Jump`/`Branch`/`Return` terminators; a short `for`
 over a range of Python ints is unrolled instead (`static_trips`). Anything we
 cannot batch raises `ConversionError` naming the line and saying what to write.
+Expressions are lowered by `expression_lowering`, using the facts about names
+that `name_analysis` finds.
 """
 import ast
 import builtins
@@ -17,10 +19,11 @@ import tensorflow as tf
 
 from tfp_autobatch import errors
 from tfp_autobatch.frontend import _source
+from tfp_autobatch.frontend import expression_lowering
+from tfp_autobatch.frontend import name_analysis
 from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
 
-OPS = "__tab_ops__"   # name of the `pyops` module inside generated code
 MAX_UNROLLED_ITERATIONS = 16   # longer loops over constant ranges stay loops
 
 _REJECTED = {
@@ -46,90 +49,6 @@ _REJECTED = {
 }
 if hasattr(ast, "TryStar"):
   _REJECTED[ast.TryStar] = _REJECTED[ast.Try]
-
-
-class _Scope:
-  """Names bound in a lambda or comprehension inside an expression."""
-
-  @staticmethod
-  def bound_names(node):
-    names = set()
-    if isinstance(node, ast.Lambda):
-      a = node.args
-      for arg in a.posonlyargs + a.args + a.kwonlyargs:
-        names.add(arg.arg)
-      for arg in (a.vararg, a.kwarg):
-        if arg is not None:
-          names.add(arg.arg)
-    else:
-      for gen in node.generators:
-        names |= {n.id for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
-    return names
-
-
-def _read_names(node, bound=frozenset()):
-  """Names read by an expression, outside lambda/comprehension scopes."""
-  if isinstance(node, _SCOPES):
-    bound = bound | _Scope.bound_names(node)
-  if isinstance(node, ast.Name):
-    return [] if node.id in bound or not isinstance(node.ctx, ast.Load) \
-        else [node.id]
-  names = []
-  for child in ast.iter_child_nodes(node):
-    names.extend(_read_names(child, bound))
-  return names
-
-
-_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
-           ast.GeneratorExp)
-
-
-def _assigned_names(stmts):
-  """Names a function body assigns, outside lambda/comprehension scopes."""
-  names, todo = set(), list(stmts)
-  while todo:
-    node = todo.pop()
-    if isinstance(node, _SCOPES):
-      continue
-    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-      names.add(node.id)
-    todo.extend(ast.iter_child_nodes(node))
-  return names
-
-
-def _local_lambdas(stmts, params):
-  """Local names bound exactly once, to a lambda: {name: Lambda node}."""
-  stores, lambdas = {}, {}
-  for stmt in stmts:
-    for node in ast.walk(stmt):
-      if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-        stores[node.id] = stores.get(node.id, 0) + 1
-      if (isinstance(node, ast.Assign) and len(node.targets) == 1
-          and isinstance(node.targets[0], ast.Name)
-          and isinstance(node.value, ast.Lambda)):
-        lambdas[node.targets[0].id] = node.value
-  return {k: v for k, v in lambdas.items()
-          if stores.get(k) == 1 and k not in params}
-
-
-def _safe_operand(node):
-  """An expression that cannot fail or act when its value is not needed."""
-  match node:
-    case ast.Name() | ast.Constant():
-      return True
-    case ast.Attribute(value=value):
-      return _safe_operand(value)
-    case ast.UnaryOp(op=ast.Not(), operand=operand):
-      return _safe_operand(operand)
-    case ast.Compare(left=left, comparators=comparators):
-      return all(_safe_operand(v) for v in [left] + comparators)
-    case ast.BoolOp(values=values):
-      return all(_safe_operand(v) for v in values)
-  return False
-
-
-def _target_names(target):
-  return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
 
 
 class FunctionConverter:
@@ -204,15 +123,15 @@ class FunctionConverter:
     stmts, self.pending = self.pending, []
     ins, outs = [], []
     for stmt in stmts:
-      reads = _read_names(stmt.value)
+      reads = name_analysis.read_names(stmt.value)
       if isinstance(stmt, ast.AugAssign):
-        reads = _target_names(stmt.target) + reads
+        reads = name_analysis.target_names(stmt.target) + reads
       for n in reads:
         if n in self.locals and n not in outs and n not in ins:
           ins.append(n)
       targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
       for t in targets:
-        for n in _target_names(t):
+        for n in name_analysis.target_names(t):
           if n not in outs:
             outs.append(n)
     self.ops.append(ir1.Primitive(tuple(outs), self.compile(stmts, ins, outs),
@@ -238,7 +157,8 @@ class FunctionConverter:
     outer = ast.FunctionDef(
         name="__tab_make",
         args=ast.arguments(posonlyargs=[],
-                           args=[ast.arg(OPS)] + [ast.arg(v) for v in free],
+                           args=[ast.arg(pyops.NAME)]
+                           + [ast.arg(v) for v in free],
                            kwonlyargs=[], kw_defaults=[], defaults=[]),
         body=[inner, ast.Return(ast.Name(name, ast.Load()))],
         decorator_list=[], returns=None, type_params=[])
@@ -269,9 +189,9 @@ class FunctionConverter:
                        "batch")
     self.reject_unsupported()
     params = tuple(a.arg for a in args.args)
-    self.lambdas = _local_lambdas(self.node.body, params)
-    self.locals = (set(params) | _assigned_names(self.node.body)) - set(
-        self.lambdas)
+    self.lambdas = name_analysis.local_lambdas(self.node.body, params)
+    assigned = name_analysis.assigned_names(self.node.body)
+    self.locals = (set(params) | assigned) - set(self.lambdas)
     self.locals.add(self.result)
     self.start("entry")
     body = self.node.body
@@ -362,7 +282,7 @@ class FunctionConverter:
     """Evaluates a test into a fresh bool variable; returns its name."""
     value = self.expression(test)
     cond = self.fresh("cond")
-    call = ast.Call(ast.Attribute(ast.Name(OPS, ast.Load()), "truthy",
+    call = ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "truthy",
                                   ast.Load()), [value], [])
     self.assign(cond, call, test)
     return cond
@@ -437,8 +357,8 @@ class FunctionConverter:
     counter, stop, step = (self.fresh("i"), self.fresh("stop"),
                            self.fresh("step"))
     bounds = [self.expression(a) for a in it.args]
-    init = ast.Call(ast.Attribute(ast.Name(OPS, ast.Load()), "range_init",
-                                  ast.Load()), bounds, [])
+    init = ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()),
+                                  "range_init", ast.Load()), bounds, [])
     unpack = ast.Assign([ast.Tuple([ast.Name(n, ast.Store())
                                     for n in (counter, stop, step)],
                                    ast.Store())], init)
@@ -446,8 +366,8 @@ class FunctionConverter:
     header = self.new_label("for")
     self.finish(ir1.Jump(header))
     self.start(header)
-    test = ast.Call(ast.Attribute(ast.Name(OPS, ast.Load()), "range_continues",
-                                  ast.Load()),
+    test = ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()),
+                                  "range_continues", ast.Load()),
                     [ast.Name(n, ast.Load()) for n in (counter, stop, step)],
                     [])
     cond = self.fresh("cond")
@@ -495,145 +415,4 @@ class FunctionConverter:
 
   def expression(self, node):
     """Hoists batched calls and control flow out of an expression."""
-    return _ExpressionLowering(self).visit(node)
-
-
-class _ExpressionLowering(ast.NodeTransformer):
-  """Rewrites one expression, emitting ops and blocks into the converter."""
-
-  def __init__(self, converter):
-    self.c = converter
-
-  def operand(self, node):
-    """Lowers `node` and makes sure it is held in a variable."""
-    node = self.visit(node)
-    if isinstance(node, ast.Name) and node.id in self.c.locals:
-      return node.id
-    tmp = self.c.fresh("t")
-    self.c.assign(tmp, node, node if hasattr(node, "lineno") else self.c.node)
-    return tmp
-
-  def visit_Call(self, node):
-    kind, value = self.c.batched_kind(node.func)
-    if kind is None:
-      return self.generic_visit(node)
-    if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
-      raise self.c.error(node, "keyword or starred arguments to a batched "
-                         "function", "pass arguments positionally")
-    ins = tuple(self.operand(a) for a in node.args)
-    out = self.c.fresh("t")
-    self.c.flush()
-    if kind == "call":
-      self.c.ops.append(ir1.Call((out,), self.c.callee_name(value), ins))
-    else:
-      code = ir1.Code(value.as_primitive_fn(), ast.unparse(node),
-                      self.c.filename, node.lineno)
-      self.c.ops.append(ir1.Primitive((out,), code, ins, batched=True))
-    return ast.copy_location(ast.Name(out, ast.Load()), node)
-
-  def visit_Name(self, node):
-    if isinstance(node.ctx, ast.Load) and node.id in self.c.lambdas:
-      return copy.deepcopy(self.c.lambdas[node.id])   # Python binds late too
-    kind, _ = self.c.batched_kind(node)
-    if kind == "call":
-      raise self.c.error(node, f"using the batched function `{node.id}` as a "
-                         "value", "call it directly by name")
-    return node
-
-  def visit_Attribute(self, node):
-    kind, _ = self.c.batched_kind(node)
-    if kind == "call":
-      raise self.c.error(node, f"using the batched function "
-                         f"`{ast.unparse(node)}` as a value",
-                         "call it directly")
-    return self.generic_visit(node)
-
-  def visit_Lambda(self, node):
-    self._no_batched_calls(node, "a lambda")
-    return node
-
-  def _no_batched_calls(self, node, where):
-    for sub in ast.walk(node):
-      if isinstance(sub, ast.Call) and self.c.batched_kind(sub.func)[0]:
-        raise self.c.error(sub, f"calling a batched function inside {where}",
-                           "call it in a statement of its own")
-    return node
-
-  def visit_ListComp(self, node):
-    return self._no_batched_calls(node, "a comprehension")
-
-  visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
-
-  def visit_Subscript(self, node):
-    node = self.generic_visit(node)
-    if not isinstance(node.ctx, ast.Load) or isinstance(node.slice, ast.Slice):
-      return node
-    return ast.copy_location(ast.Call(
-        ast.Attribute(ast.Name(OPS, ast.Load()), "getitem", ast.Load()),
-        [node.value, node.slice], []), node)
-
-  def visit_UnaryOp(self, node):
-    node = self.generic_visit(node)
-    if isinstance(node.op, ast.Not):
-      return ast.copy_location(ast.Call(
-          ast.Attribute(ast.Name(OPS, ast.Load()), "logical_not", ast.Load()),
-          [node.operand], []), node)
-    return node
-
-  def visit_Compare(self, node):
-    node = self.generic_visit(node)
-    if len(node.ops) == 1:
-      return node
-    operands = [node.left] + node.comparators
-    pairs = [ast.Compare(a, [op], [b])
-             for a, op, b in zip(operands, node.ops, operands[1:])]
-    return ast.copy_location(ast.Call(
-        ast.Attribute(ast.Name(OPS, ast.Load()), "all_of", ast.Load()),
-        pairs, []), node)
-
-  def visit_IfExp(self, node):
-    c = self.c
-    result = c.fresh("t")
-    cond = c.condition(node.test)
-    then_label, else_label, join = (c.new_label("then"), c.new_label("else"),
-                                    c.new_label("endif"))
-    c.finish(ir1.Branch(cond, then_label, else_label))
-    for label, branch in ((then_label, node.body), (else_label, node.orelse)):
-      c.start(label)
-      c.assign(result, self.visit(branch), node)
-      c.finish(ir1.Jump(join))
-    c.start(join)
-    return ast.copy_location(ast.Name(result, ast.Load()), node)
-
-  def visit_BoolOp(self, node):
-    """`a and b`: result = a; if truthy(result): result = b (dually for or).
-
-    When every operand is safe to evaluate regardless of the others (names,
-    attributes, constants, and comparisons and `not` of those), nothing is
-    gained by short-circuiting, and a branch would cost batched steps: the
-    operands are combined by a select instead (`pyops.and_values`).
-    """
-    c = self.c
-    if all(_safe_operand(v) for v in node.values):
-      combine = "and_values" if isinstance(node.op, ast.And) else "or_values"
-      return ast.copy_location(ast.Call(
-          ast.Attribute(ast.Name(OPS, ast.Load()), combine, ast.Load()),
-          [self.visit(v) for v in node.values], []), node)
-    result = c.fresh("t")
-    join = c.new_label("endbool")
-    c.assign(result, self.visit(node.values[0]), node)
-    for value in node.values[1:]:
-      cond = c.fresh("cond")
-      c.assign(cond, ast.Call(ast.Attribute(ast.Name(OPS, ast.Load()),
-                                            "truthy", ast.Load()),
-                              [ast.Name(result, ast.Load())], []), node)
-      more = c.new_label("bool")
-      if isinstance(node.op, ast.And):
-        c.finish(ir1.Branch(cond, more, join))
-      else:
-        c.finish(ir1.Branch(cond, join, more))
-      c.start(more)
-      c.assign(result, self.visit(value), node)
-    c.finish(ir1.Jump(join))
-    c.start(join)
-    return ast.copy_location(ast.Name(result, ast.Load()), node)
+    return expression_lowering.ExpressionLowering(self).visit(node)

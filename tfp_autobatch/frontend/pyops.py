@@ -6,6 +6,8 @@ are written for one example and work on Python values too.
 """
 import tensorflow as tf
 
+NAME = "__tab_ops__"   # what converted code calls this module
+
 
 def truthy(x):
   """Python truthiness of a per-example scalar, as a bool tensor."""

@@ -1,0 +1,172 @@
+"""Lowers one Python expression into IR-1, for `convert.FunctionConverter`.
+
+Calls of batched functions cannot stay inside a compiled Python expression:
+they become `Call`s (or batched `Primitive`s) of their own, their arguments
+held in variables. Conditional expressions and short-circuiting `and`/`or`
+become branches, and operators that do not work on symbolic tensors (`not`,
+chained comparisons, indexing) become calls of `pyops`. The lowering emits its
+ops and blocks through the converter that owns the function being built.
+"""
+import ast
+import copy
+
+from tfp_autobatch.frontend import pyops
+from tfp_autobatch.ir import ir1
+
+
+def _safe_operand(node):
+  """An expression that cannot fail or act when its value is not needed."""
+  match node:
+    case ast.Name() | ast.Constant():
+      return True
+    case ast.Attribute(value=value):
+      return _safe_operand(value)
+    case ast.UnaryOp(op=ast.Not(), operand=operand):
+      return _safe_operand(operand)
+    case ast.Compare(left=left, comparators=comparators):
+      return all(_safe_operand(v) for v in [left] + comparators)
+    case ast.BoolOp(values=values):
+      return all(_safe_operand(v) for v in values)
+  return False
+
+
+class ExpressionLowering(ast.NodeTransformer):
+  """Rewrites one expression, emitting ops and blocks into the converter."""
+
+  def __init__(self, converter):
+    self.c = converter
+
+  def operand(self, node):
+    """Lowers `node` and makes sure it is held in a variable."""
+    node = self.visit(node)
+    if isinstance(node, ast.Name) and node.id in self.c.locals:
+      return node.id
+    tmp = self.c.fresh("t")
+    self.c.assign(tmp, node, node if hasattr(node, "lineno") else self.c.node)
+    return tmp
+
+  def visit_Call(self, node):
+    kind, value = self.c.batched_kind(node.func)
+    if kind is None:
+      return self.generic_visit(node)
+    if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+      raise self.c.error(node, "keyword or starred arguments to a batched "
+                         "function", "pass arguments positionally")
+    ins = tuple(self.operand(a) for a in node.args)
+    out = self.c.fresh("t")
+    self.c.flush()
+    if kind == "call":
+      self.c.ops.append(ir1.Call((out,), self.c.callee_name(value), ins))
+    else:
+      code = ir1.Code(value.as_primitive_fn(), ast.unparse(node),
+                      self.c.filename, node.lineno)
+      self.c.ops.append(ir1.Primitive((out,), code, ins, batched=True))
+    return ast.copy_location(ast.Name(out, ast.Load()), node)
+
+  def visit_Name(self, node):
+    if isinstance(node.ctx, ast.Load) and node.id in self.c.lambdas:
+      return copy.deepcopy(self.c.lambdas[node.id])   # Python binds late too
+    kind, _ = self.c.batched_kind(node)
+    if kind == "call":
+      raise self.c.error(node, f"using the batched function `{node.id}` as a "
+                         "value", "call it directly by name")
+    return node
+
+  def visit_Attribute(self, node):
+    kind, _ = self.c.batched_kind(node)
+    if kind == "call":
+      raise self.c.error(node, f"using the batched function "
+                         f"`{ast.unparse(node)}` as a value",
+                         "call it directly")
+    return self.generic_visit(node)
+
+  def visit_Lambda(self, node):
+    self._no_batched_calls(node, "a lambda")
+    return node
+
+  def _no_batched_calls(self, node, where):
+    for sub in ast.walk(node):
+      if isinstance(sub, ast.Call) and self.c.batched_kind(sub.func)[0]:
+        raise self.c.error(sub, f"calling a batched function inside {where}",
+                           "call it in a statement of its own")
+    return node
+
+  def visit_ListComp(self, node):
+    return self._no_batched_calls(node, "a comprehension")
+
+  visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+
+  def visit_Subscript(self, node):
+    node = self.generic_visit(node)
+    if not isinstance(node.ctx, ast.Load) or isinstance(node.slice, ast.Slice):
+      return node
+    return ast.copy_location(ast.Call(
+        ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "getitem", ast.Load()),
+        [node.value, node.slice], []), node)
+
+  def visit_UnaryOp(self, node):
+    node = self.generic_visit(node)
+    if isinstance(node.op, ast.Not):
+      return ast.copy_location(ast.Call(
+          ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "logical_not",
+                        ast.Load()),
+          [node.operand], []), node)
+    return node
+
+  def visit_Compare(self, node):
+    node = self.generic_visit(node)
+    if len(node.ops) == 1:
+      return node
+    operands = [node.left] + node.comparators
+    pairs = [ast.Compare(a, [op], [b])
+             for a, op, b in zip(operands, node.ops, operands[1:])]
+    return ast.copy_location(ast.Call(
+        ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "all_of", ast.Load()),
+        pairs, []), node)
+
+  def visit_IfExp(self, node):
+    c = self.c
+    result = c.fresh("t")
+    cond = c.condition(node.test)
+    then_label, else_label, join = (c.new_label("then"), c.new_label("else"),
+                                    c.new_label("endif"))
+    c.finish(ir1.Branch(cond, then_label, else_label))
+    for label, branch in ((then_label, node.body), (else_label, node.orelse)):
+      c.start(label)
+      c.assign(result, self.visit(branch), node)
+      c.finish(ir1.Jump(join))
+    c.start(join)
+    return ast.copy_location(ast.Name(result, ast.Load()), node)
+
+  def visit_BoolOp(self, node):
+    """`a and b`: result = a; if truthy(result): result = b (dually for or).
+
+    When every operand is safe to evaluate regardless of the others (names,
+    attributes, constants, and comparisons and `not` of those), nothing is
+    gained by short-circuiting, and a branch would cost batched steps: the
+    operands are combined by a select instead (`pyops.and_values`).
+    """
+    c = self.c
+    if all(_safe_operand(v) for v in node.values):
+      combine = "and_values" if isinstance(node.op, ast.And) else "or_values"
+      return ast.copy_location(ast.Call(
+          ast.Attribute(ast.Name(pyops.NAME, ast.Load()), combine, ast.Load()),
+          [self.visit(v) for v in node.values], []), node)
+    result = c.fresh("t")
+    join = c.new_label("endbool")
+    c.assign(result, self.visit(node.values[0]), node)
+    for value in node.values[1:]:
+      cond = c.fresh("cond")
+      c.assign(cond, ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()),
+                                            "truthy", ast.Load()),
+                              [ast.Name(result, ast.Load())], []), node)
+      more = c.new_label("bool")
+      if isinstance(node.op, ast.And):
+        c.finish(ir1.Branch(cond, more, join))
+      else:
+        c.finish(ir1.Branch(cond, join, more))
+      c.start(more)
+      c.assign(result, self.visit(value), node)
+    c.finish(ir1.Jump(join))
+    c.start(join)
+    return ast.copy_location(ast.Name(result, ast.Load()), node)
