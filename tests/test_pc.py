@@ -22,6 +22,7 @@ from tfp_autobatch.passes import redundant_copies
 from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
 from tfp_autobatch.runtime import batched_primitive_calls
+from tfp_autobatch.runtime import block_runner
 from tfp_autobatch.runtime import pc_vm
 from tfp_autobatch.runtime import schedule as schedule_lib
 from tfp_autobatch.runtime import vectorize
@@ -847,7 +848,7 @@ def test_values_dead_after_a_block_are_not_written_back():
   runtime = pc_vm.PcVmRuntime(program, 16, mode="graph")
   labels = [b.label for b in program.blocks]
   merged = labels.index("checked_halves/endif3.1")
-  live = runtime._live_out["checked_halves/endif3.1"]  # pylint: disable=protected-access
+  live = block_runner.values_live_out(program)["checked_halves/endif3.1"]
   assert "checked_halves.first" not in live
   assert {"checked_halves.depth", "checked_halves._result"} <= live
   owners = ["checked_halves.first", "checked_halves.depth",

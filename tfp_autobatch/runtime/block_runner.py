@@ -1,0 +1,260 @@
+"""One block of an IR-2 program, run by the pc VM for the members waiting at it.
+
+`BlockRunner.run` takes the VM's unpacked state (`pc_top`, `pc_sp`,
+`overflow` and `vars`, as `pc_vm` describes) and returns it with the block's
+ops and terminator applied to its active members, plus the stack writes the
+block makes (one `StackWrite` per pushed stack, applied by the VM after the
+block) and the rows its `@batched_primitive` calls computed. How the state
+is packed into registers and banks, and how blocks are grouped into
+dispatches, is the VM's business, not this module's.
+
+Every primitive runs on all Z rows, inactive rows fed a copy of an active
+row's inputs (so junk can never raise or poison), and results are kept with
+`tf.where(active, new, old)`. Under XLA, which never raises, inactive rows
+keep their own junk. A `@batched_primitive` runs on the members only
+(`batched_primitive_calls`). Temporaries live only in the block's local
+environment; a value that is dead after the block is not written back.
+"""
+import tensorflow as tf
+
+from tfp_autobatch import errors
+from tfp_autobatch.ir import ir2
+from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.passes import liveness
+from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.runtime import batched_primitive_calls
+from tfp_autobatch.runtime import stack_banks
+from tfp_autobatch.runtime import vectorize
+
+
+def row_sources(mask):
+  """Per row, the row to read its inputs from: itself where `mask`, else
+  the first row of `mask` (the appended 1 keeps argmax defined for an
+  empty batch)."""
+  first = tf.cast(tf.argmax(tf.concat([tf.cast(mask, tf.int32), [1]], 0)),
+                  tf.int32)
+  return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
+
+
+def check_hoistable(block):
+  """Each hoisted stack takes at most one write per block, after its reads:
+  the writes are applied when the block is done."""
+  pushed = set()
+  for op in map(ir2.unguarded, block.ops):
+    if isinstance(op, (ir2.Push, ir2.Pop, ir2.Update)) and op.var in pushed:
+      raise errors.IRError(
+          f"{block.label}: '{op.var}' is pushed and then used again in one "
+          "block; the pc VM applies stack writes at the end of a block")
+    if isinstance(op, ir2.Push):
+      pushed.add(op.var)
+
+
+def values_live_out(program):
+  """{label: variables whose value may be read after the block}: IR-2
+  liveness, plus a function's result where it returns (its caller reads
+  it; the analysis has no edge from a return to the continuation)."""
+  live = liveness.live_out(program)
+  for b in program.blocks:
+    if isinstance(b.terminator, (ir2.Return, ir2.ReturnOr)):
+      live[b.label] = (live[b.label]
+                       | {program.results[ir2.function_of(b.label)]})
+  return live
+
+
+class BlockRunner:
+  """Runs single blocks of `program` for their members.
+
+  Args:
+    program: the IR-2 program.
+    mode: "eager", "graph" or "xla" (as `pc_vm.PcVmRuntime`'s).
+    kernels: the `vectorize.KernelCache` the primitives are batched with.
+    store: the `variable_store.VariableStore` of the program's variables.
+    depth: D, the frames a member may have (a call past it overflows).
+  """
+
+  def __init__(self, program, mode, kernels, store, depth):
+    self.program = program
+    self.mode = mode
+    self.kernels = kernels
+    self.store = store
+    self.depth = depth
+    self.live_out = values_live_out(program)
+    self.labels = program.block_index()
+    if program.cached_top:
+      for block in program.blocks:
+        check_hoistable(block)
+
+  def run(self, index, block, small, stack_view):
+    """`(small after, stack writes, model rows)` of block `index` run on the
+    unpacked state `small` for the members at it; `stack_view(v)` is stack
+    v's [D, Z, ...] buffer, read by pops (and by returns, for the pc)."""
+    p = self.program
+    state = dict(small)
+    variables = dict(state["vars"])
+    pc_top = state["pc_top"]
+    z = tf.shape(pc_top)[0]
+    static_z = pc_top.shape[0]   # known under pc:xla: see `compiled_for`
+    if static_z == 1:
+      # The one member is at this block: the schedule picked it.
+      active = tf.ones([1], tf.bool)
+    else:
+      active = tf.equal(pc_top, index)
+    source = row_sources(active)
+    writes = {}
+
+    def sanitize(value):
+      if self.mode == "xla":
+        # XLA clamps out-of-range indices instead of raising, and junk
+        # rows are discarded by the write-back's select: no copy is needed.
+        return value
+      return tf.nest.map_structure(lambda x: tf.gather(x, source), value)
+
+    env, dirty = {}, set()
+    live_out = self.live_out[block.label]
+    model_rows = []    # rows each @batched_primitive call computed
+
+    def read(v):
+      if v not in env:
+        if v in p.temporaries:
+          raise errors.IRError(f"{block.label}: temporary '{v}' read "
+                               "before it is written")
+        env[v] = sanitize(self.store.value(variables[v], v))
+      return env[v]
+
+    def members(guard):
+      """The members an op runs for: the block's, less a guard's."""
+      return active if guard is None else tf.logical_and(active, guard)
+
+    def primitive(op, guard):
+      """`(values, rows computed)` of a primitive, on every row. A
+      @batched_primitive runs on its members (the block's, less a
+      guard's) gathered, and not at all without members: see
+      `batched_primitive_calls`. Another primitive runs on every row;
+      with a guard, for its members only: under XLA it still runs on
+      every row like the rest of the block; elsewhere user code may
+      raise on the rows that would not have run it (an index past the
+      end that the guard tests for), so those rows get a guarded
+      member's inputs, and nothing runs when no member is guarded in."""
+      ins = [read(v) for v in op.ins]
+      kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
+                                [p.types[v] for v in op.outs],
+                                batch_size=None if op.batched else static_z)
+      def skip():
+        """Nothing computed: zeros, which no member reads."""
+        return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
+      if self.mode == "xla" and op.batched:
+        return batched_primitive_calls.on_members_in_buckets(
+            kernel, z, members(guard), ins, skip)
+      if op.batched:
+        return batched_primitive_calls.on_members_exactly(
+            kernel, members(guard), ins, skip, eager=self.mode == "eager")
+      if guard is None or self.mode == "xla":
+        return kernel(z, *ins), z
+      runs = members(guard)
+      source_g = row_sources(runs)
+      def compute():
+        return list(kernel(z, *tf.nest.map_structure(
+            lambda x: tf.gather(x, source_g), ins))), z
+      if self.mode == "eager":
+        return compute() if bool(tf.reduce_any(runs)) else skip()
+      return tf.cond(tf.reduce_any(runs), compute, skip)
+
+    def assign(outs, values, guard):
+      for v, value in zip(outs, values):
+        if guard is not None and (v in env or v not in p.temporaries):
+          value = batch_state.where(guard, value, read(v))
+        env[v] = value
+        dirty.add(v)
+
+    def run_op(op, guard):
+      """One op, for the members of `guard` (all of them if None)."""
+      match op:
+        case ir2.Primitive(outs, _, _, batched):
+          values, rows = primitive(op, guard)
+          if batched:
+            model_rows.append(rows)
+          assign(outs, values, guard)
+        case ir2.Move(outs, ins):
+          assign(outs, [vectorize.conform(read(v), p.types[v2])
+                        for v, v2 in zip(ins, outs)], guard)
+        case ir2.Push(v):
+          variables[v], write = self.store.push(variables[v], read(v),
+                                                members(guard))
+          if write is not None:
+            writes[v] = write
+        case ir2.Pop(v) | ir2.Update(v) if guard is None:
+          store, saved = self.store.pop(
+              variables[v], active, keep=isinstance(op, ir2.Update),
+              stack=stack_view(v) if p.cached_top else None)
+          if p.cached_top and v not in live_out:
+            # Read here, dead after: the top is not written back.
+            store = dict(store, top=variables[v]["top"])
+          variables[v] = store
+          env[v] = sanitize(saved)
+          dirty.discard(v)
+        case _:
+          raise errors.IRError(f"{block.label}: unknown IR-2 op {op!r}")
+
+    for op in block.ops:
+      match op:
+        case ir2.Guarded(cond, when, inner):
+          taken = tf.cast(read(cond), tf.bool)
+          guard = taken if when else tf.logical_not(taken)
+          run_op(inner, guard)
+        case _:
+          run_op(op, None)
+    for v in sorted((dirty - p.temporaries) & live_out):
+      variables[v] = self.store.write(variables[v], v, env[v], active)
+    state["vars"] = variables
+    self._terminate(block.terminator, state, stack_view("pc"), writes,
+                    active, read)
+    rows = tf.add_n([tf.constant(0)] + [tf.cast(r, tf.int32)
+                                        for r in model_rows])
+    return state, writes, rows
+
+  def _terminate(self, terminator, state, pc_stack, writes, active, read):
+    """Moves the active members' pc as `terminator` says (pushing a return
+    address into `writes["pc"]` for a call, and halting a member whose
+    call would overflow its stack)."""
+    labels = self.labels
+    pc_top = state["pc_top"]
+    match terminator:
+      case ir2.Jump(target):
+        state["pc_top"] = tf.where(active, labels[target], pc_top)
+      case ir2.Branch(cond, then_label, else_label):
+        taken = tf.cast(read(cond), tf.bool)
+        state["pc_top"] = tf.where(
+            active, tf.where(taken, labels[then_label], labels[else_label]),
+            pc_top)
+      case ir2.PushJump() | ir2.PushBranch():
+        if isinstance(terminator, ir2.PushJump):
+          target = labels[terminator.target]
+        else:
+          target = tf.where(tf.cast(read(terminator.cond), tf.bool),
+                            labels[terminator.then_label],
+                            labels[terminator.else_label])
+        sp = state["pc_sp"]
+        overflow = active & (sp >= self.depth)
+        ok = active & ~overflow
+        writes["pc"] = stack_banks.StackWrite(
+            tf.minimum(sp, self.depth - 1),
+            tf.fill(tf.shape(sp), labels[terminator.return_label]), ok)
+        state["pc_sp"] = sp + tf.cast(ok, tf.int32)
+        state["pc_top"] = tf.where(
+            ok, target, tf.where(overflow, self.program.halt, pc_top))
+        state["overflow"] = state["overflow"] | overflow
+      case ir2.Return():
+        sp = state["pc_sp"] - tf.cast(active, tf.int32)
+        back = stack_banks.rows_at(pc_stack, tf.maximum(sp, 0))
+        state["pc_sp"] = sp
+        state["pc_top"] = tf.where(active, back, pc_top)
+      case ir2.ReturnOr(cond, when, otherwise):
+        taken = tf.cast(read(cond), tf.bool)
+        returning = active & (taken if when else ~taken)
+        # The two sets of members touch disjoint rows of the pc state.
+        self._terminate(otherwise, state, pc_stack, writes,
+                        active & ~returning, read)
+        self._terminate(ir2.Return(), state, pc_stack, writes, returning,
+                        read)
+      case _:
+        raise errors.IRError(f"unknown IR-2 terminator {terminator!r}")
