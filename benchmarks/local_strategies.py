@@ -13,7 +13,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from benchmarks import programs
+from benchmarks import programs_systems
 from tfp_autobatch import api
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import local_static
@@ -25,8 +25,8 @@ flags.DEFINE_integer("repeats", 3, "Timed runs (median is reported).")
 flags.DEFINE_string("output", None, "JSON file for the results.")
 
 
-fib = programs.OUR_PROGRAMS["fib"]
-collatz = programs.OUR_PROGRAMS["collatz"]
+fib = programs_systems.OUR_PROGRAMS["fib"]
+collatz = programs_systems.OUR_PROGRAMS["collatz"]
 
 PROGRAMS = {
     "fib": (fib, lambda rng, b: rng.integers(5, 12, b).astype(np.int32)),

@@ -7,10 +7,9 @@ system) and `plot` (the paper's Fig. 6 and Fig. 7 from the JSON records).
 import os
 
 from benchmarks import nuts_systems
-from benchmarks import programs as bench
+from benchmarks import programs_report
 
 BASELINE = "pc:xla"
-_fmt_rate = bench._fmt_rate  # pylint: disable=protected-access
 
 
 def label(record):
@@ -51,7 +50,7 @@ def format_table(records):
       for name in labels:
         r = by_key.get((problem, batch, name))
         row.append("-" if r is None else "{} ({:.2f}){}".format(
-            _fmt_rate(r["grads_per_sec"]), r["utilization"],
+            programs_report.fmt_rate(r["grads_per_sec"]), r["utilization"],
             "*" if r.get("extrapolated") else ""))
       rows.append(row)
   lines = _render(["problem", "chains"] + labels, rows)
@@ -72,7 +71,7 @@ def format_details(records):
   def fmt(value, spec):
     return "-" if value is None else format(value, spec)
   rows = [[r["problem"], label(r), str(r["batch_size"]),
-           _fmt_rate(r["grads_per_sec"]),
+           programs_report.fmt_rate(r["grads_per_sec"]),
            fmt(r["utilization"], ".2f") + ("~" if r.get(
                "computed_is_estimate") else ""),
            fmt(r["sec_per_step"], ".4f"), fmt(r["first_call_sec"], ".1f"),

@@ -24,9 +24,9 @@ import numpy as np
 import tensorflow as tf
 
 import nuts
+from benchmarks import machine as machine_lib
 from benchmarks import nuts as nuts_bench
 from benchmarks import nuts_problems
-from benchmarks import programs as bench
 
 
 def _unknown_chains(value, chains):
@@ -167,7 +167,7 @@ def problem_from_flags(fv):
 def write_results(path, **payload):
   """Writes `payload` and the machine's description as JSON to `path`."""
   with open(path, "w") as f:
-    json.dump(dict(machine=bench.machine_info(), **payload), f, indent=1)
+    json.dump(dict(machine=machine_lib.machine_info(), **payload), f, indent=1)
   print(f"wrote {path}")
 
 

@@ -55,156 +55,20 @@ Measurements, per program x system x batch size:
 The output JSON is ``{"machine": ..., "config": ..., "records": [...],
 "skipped": [...]}``.
 """
-import datetime
-import json
 import math
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 
 import numpy as np
-import tensorflow as tf
 
+from benchmarks import machine as machine_lib
+from benchmarks import programs_report
+from benchmarks import progress as progress_lib
+from benchmarks import programs_systems
 from benchmarks import tfp_reference_programs as tfp_ref
-
-try:
-  import tqdm as _tqdm
-except ImportError:  # pragma: no cover - tqdm is in the "bench" extra.
-  _tqdm = None
-
-# ---------------------------------------------------------------------------
-# Our programs.  Defined at module level with the decorator, as a user would.
-# If the package is missing or cannot convert them, its systems are skipped.
-# ---------------------------------------------------------------------------
-
-TAB_ERROR = None
-OUR_PROGRAMS = {}
-try:
-  import tfp_autobatch as tab
-except Exception as e:  # pylint: disable=broad-except
-  tab = None
-  TAB_ERROR = "cannot import tfp_autobatch: {!r}".format(e)
-
-if tab is not None:
-  try:
-
-    @tab.batch(max_stack_depth=tfp_ref.DEFAULT_MAX_STACK_DEPTH["fib"])
-    def fib(n):
-      if n <= 1:
-        return n
-      return fib(n - 1) + fib(n - 2)
-
-    @tab.batch(max_stack_depth=tfp_ref.DEFAULT_MAX_STACK_DEPTH["collatz"])
-    def collatz(n):
-      steps = tf.zeros_like(n)
-      while n != 1:
-        if n % 2 == 0:
-          n = n // 2
-        else:
-          n = 3 * n + 1
-        steps += 1
-      return steps
-
-    OUR_PROGRAMS = {"fib": fib, "collatz": collatz}
-  except Exception as e:  # pylint: disable=broad-except
-    TAB_ERROR = "tfp_autobatch cannot decorate the programs: {!r}".format(e)
-
-# Inputs: name -> (low, high) for n uniform in [low, high).
-DEFAULT_RANGES = {"fib": (5, 15), "collatz": (1, 1000)}
-INPUT_DTYPE = np.int32
-PROGRAMS = tuple(DEFAULT_RANGES)
-DEFAULT_SYSTEMS = ("local:eager", "local:eager_xla", "pc:xla",
-                   "tfp_reference:graph", "tfp_reference:xla", "python_loop")
-# Ratios printed when both systems were measured.
-RATIO_PAIRS = (("pc:xla", "tfp_reference:xla"),
-               ("pc:graph", "tfp_reference:graph"))
-
-
-class SkipSystem(Exception):
-  """A system cannot run this program (unknown, failed, too slow)."""
-
-
-def make_inputs(program, size, seed=0, ranges=None):
-  """`size` inputs for `program`, the same for all systems given the seed."""
-  low, high = (ranges or DEFAULT_RANGES)[program]
-  rng = np.random.default_rng([seed, PROGRAMS.index(program)])
-  return rng.integers(low, high, size=size).astype(INPUT_DTYPE)
-
-
-def available_backends():
-  """Our backend names, or () when the package is unavailable."""
-  if tab is None:
-    return ()
-  return tuple(getattr(tab, "BACKENDS", ()))
-
-
-# ---------------------------------------------------------------------------
-# Systems: each becomes `call(xs: np.ndarray) -> np.ndarray`.
-# ---------------------------------------------------------------------------
-
-def _to_numpy(value):
-  if hasattr(value, "numpy"):
-    return value.numpy()
-  return np.asarray(value)
-
-
-def _our_callable(program, backend):
-  if TAB_ERROR is not None:
-    raise SkipSystem(TAB_ERROR)
-  if backend not in available_backends():
-    raise SkipSystem(
-        "backend {!r} is not in tfp_autobatch.BACKENDS {}".format(
-            backend, list(available_backends())))
-  fn = OUR_PROGRAMS[program]
-
-  def call(xs):
-    return _to_numpy(fn(xs, backend=backend))
-  return call
-
-
-def _stats_summary(stats):
-  """A JSON-able summary of `fn.last_stats` (whatever its form)."""
-  if stats is None:
-    return None
-  out = {}
-  for key in ("batch_size", "steps", "active_members", "max_stack_depth",
-              "mean_active", "utilization"):
-    try:
-      value = getattr(stats, key)
-    except Exception:  # pylint: disable=broad-except
-      continue
-    try:
-      value = _to_numpy(value).item()
-    except Exception:  # pylint: disable=broad-except
-      value = str(value)
-    out[key] = value
-  if not out:
-    out["repr"] = str(stats)
-  return out
-
-
-def _system_kind(system):
-  if system == "python_loop":
-    return "python_loop"
-  if system.startswith("tfp_reference:"):
-    return "tfp_reference"
-  return "ours"
-
-
-def _make_callable(program, system):
-  kind = _system_kind(system)
-  if kind == "tfp_reference":
-    mode = system.split(":", 1)[1]
-    if mode not in tfp_ref.MODES:
-      raise SkipSystem("unknown tfp_reference mode {!r}; modes: {}".format(
-          mode, list(tfp_ref.MODES)))
-    return tfp_ref.make_tfp_reference(program, mode)
-  return _our_callable(program, system)
-
 
 # ---------------------------------------------------------------------------
 # Timing.
@@ -240,42 +104,8 @@ def time_batched(call, xs, repeats, min_run_sec, max_calls_per_run,
   return first_out, first_call_sec, times, calls_per_run
 
 
-def _time_python_loop(program, xs, repeats, slow_call_sec=float("inf")):
-  """Per-example loop over `xs` with `fn.run_unbatched` (eager TF).
-
-  Returns `(outputs, first pass seconds, [seconds per timed pass])`; when the
-  first pass takes longer than `slow_call_sec` only one pass is timed.
-  """
-  if TAB_ERROR is not None:
-    raise SkipSystem(TAB_ERROR)
-  fn = OUR_PROGRAMS[program]
-  if not hasattr(fn, "run_unbatched"):
-    raise SkipSystem("tfp_autobatch functions have no run_unbatched")
-  examples = [tf.constant(x) for x in xs]
-
-  def one_pass():
-    return np.array([_to_numpy(fn.run_unbatched(e)) for e in examples],
-                    dtype=xs.dtype)
-
-  start = time.perf_counter()
-  first_out = one_pass()
-  first_pass_sec = time.perf_counter() - start
-  times = []
-  for _ in range(1 if first_pass_sec > slow_call_sec else repeats):
-    start = time.perf_counter()
-    one_pass()
-    times.append(time.perf_counter() - start)
-  return first_out, first_pass_sec, times
-
-
-def _progress(total, enabled):
-  if enabled and _tqdm is not None:
-    return _tqdm.tqdm(total=total, desc="benchmark", unit="run",
-                      file=sys.stderr, dynamic_ncols=True)
-  return None
-
-
-def run_benchmarks(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
+def run_benchmarks(programs=programs_systems.PROGRAMS,
+                   systems=programs_systems.DEFAULT_SYSTEMS,
                    batch_sizes=(1, 4, 16, 64, 256, 1024), repeats=3, seed=0,
                    ranges=None, python_loop_cap=64, min_run_sec=0.05,
                    max_calls_per_run=100, max_call_sec=60.0,
@@ -283,12 +113,13 @@ def run_benchmarks(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
   """Runs the benchmark; returns `(records, skipped)`.
 
   Args:
-    programs: program names (see `PROGRAMS`).
+    programs: program names (see `programs_systems.PROGRAMS`).
     systems: system names (see the module docstring).
     batch_sizes: batch sizes, measured in increasing order.
     repeats: timed runs per measurement (the median is reported).
     seed: input seed.
-    ranges: `{program: (low, high)}` overriding `DEFAULT_RANGES`.
+    ranges: `{program: (low, high)}` overriding
+      `programs_systems.DEFAULT_RANGES`.
     python_loop_cap: `python_loop` times at most this many examples.
     min_run_sec: a timed run repeats the call until it lasts this long.
     max_calls_per_run: ... but at most this many calls.
@@ -303,9 +134,11 @@ def run_benchmarks(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
     records: list of dicts, one per program x system x batch size measured.
     skipped: list of `{program, system, batch_size, reason}` dicts.
   """
-  ranges = dict(DEFAULT_RANGES, **(ranges or {}))
+  ranges = dict(programs_systems.DEFAULT_RANGES, **(ranges or {}))
   batch_sizes = sorted(set(int(b) for b in batch_sizes))
-  bar = _progress(len(programs) * len(systems) * len(batch_sizes), progress)
+  bar = progress_lib.progress_bar(
+      len(programs) * len(systems) * len(batch_sizes), progress,
+      "benchmark", "run")
   if log is None:
     log = bar.write if bar is not None else print
   records, skipped = [], []
@@ -321,18 +154,19 @@ def run_benchmarks(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
       bar.update(count)
 
   for program in programs:
-    if program not in PROGRAMS:
+    if program not in programs_systems.PROGRAMS:
       raise ValueError("unknown program {!r}; programs: {}".format(
-          program, list(PROGRAMS)))
-    pool = make_inputs(program, max(batch_sizes), seed, ranges)
+          program, list(programs_systems.PROGRAMS)))
+    pool = programs_systems.make_inputs(program, max(batch_sizes), seed,
+                                        ranges)
     for system in systems:
-      kind = _system_kind(system)
+      kind = programs_systems.system_kind(system)
       if bar is not None:
         bar.set_postfix_str("{} {}".format(program, system))
       try:
-        call = None if kind == "python_loop" else _make_callable(program,
-                                                                 system)
-      except SkipSystem as e:
+        call = None if kind == "python_loop" else (
+            programs_systems.make_callable(program, system))
+      except programs_systems.SkipSystem as e:
         skip(program, system, None, str(e), len(batch_sizes))
         continue
       python_loop_cache = {}
@@ -345,7 +179,7 @@ def run_benchmarks(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
           if kind == "python_loop":
             n_timed = min(batch_size, python_loop_cap)
             if n_timed not in python_loop_cache:
-              python_loop_cache[n_timed] = _time_python_loop(
+              python_loop_cache[n_timed] = programs_systems.time_python_loop(
                   program, xs[:n_timed], repeats, slow_call_sec)
             out, first_sec, pass_times = python_loop_cache[n_timed]
             per_call = [t / n_timed * batch_size for t in pass_times]
@@ -368,7 +202,7 @@ def run_benchmarks(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
                           examples_timed=batch_size, extrapolated=False)
             correct = bool(out.shape == expected.shape and
                            np.array_equal(out, expected))
-        except SkipSystem as e:
+        except programs_systems.SkipSystem as e:
           skip(program, system, batch_size, str(e), len(batch_sizes) - i)
           break
         except Exception as e:  # pylint: disable=broad-except
@@ -387,10 +221,10 @@ def run_benchmarks(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
             times_sec=per_call,
             correct=correct)
         if kind == "ours":
-          record["max_stack_depth"] = getattr(OUR_PROGRAMS[program],
-                                              "max_stack_depth", None)
-          record["stats"] = _stats_summary(
-              getattr(OUR_PROGRAMS[program], "last_stats", None))
+          fn = programs_systems.OUR_PROGRAMS[program]
+          record["max_stack_depth"] = getattr(fn, "max_stack_depth", None)
+          record["stats"] = programs_systems.stats_summary(
+              getattr(fn, "last_stats", None))
         elif kind == "tfp_reference":
           record["max_stack_depth"] = tfp_ref.DEFAULT_MAX_STACK_DEPTH[program]
         if not correct:
@@ -411,190 +245,8 @@ def run_benchmarks(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
   return records, skipped
 
 
-# ---------------------------------------------------------------------------
-# Reporting.
-# ---------------------------------------------------------------------------
-
-def _cpu_model():
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def _git_commit():
-  try:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root,
-                          capture_output=True, text=True, timeout=10,
-                          check=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root,
-                           capture_output=True, text=True, timeout=10,
-                           check=True).stdout.strip()
-    return head + ("+dirty" if dirty else "")
-  except Exception:  # pylint: disable=broad-except
-    return None
-
-
-def machine_info():
-  """A description of the machine and software versions."""
-  import tensorflow_probability as tfp  # pylint: disable=g-import-not-at-top
-  try:
-    affinity = len(os.sched_getaffinity(0))
-  except AttributeError:
-    affinity = os.cpu_count()
-  try:
-    load = os.getloadavg()
-  except OSError:
-    load = None
-  return {
-      "cpu_model": _cpu_model(),
-      "cpu_count": os.cpu_count(),
-      "usable_cores": affinity,
-      "load_average_at_start": load,
-      "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
-      "platform": platform.platform(),
-      "python": platform.python_version(),
-      "tensorflow": tf.__version__,
-      "tensorflow_probability": tfp.__version__,
-      "numpy": np.__version__,
-      "tfp_autobatch_backends": list(available_backends()),
-      "git_commit": _git_commit(),
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-          timespec="seconds"),
-  }
-
-
-def write_json(path, machine, config, records, skipped):
-  """Writes the results (atomically) to `path`."""
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  payload = {"machine": machine, "config": config, "records": records,
-             "skipped": skipped}
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(payload, f, indent=1, sort_keys=False)
-    f.write("\n")
-  os.replace(tmp, path)
-
-
-def _fmt_rate(value):
-  if value is None:
-    return "-"
-  if value >= 100:
-    return "{:,.0f}".format(value)
-  return "{:.3g}".format(value)
-
-
-def format_table(records, systems=None):
-  """A readable table: examples/sec (first-call seconds) per system."""
-  if not records:
-    return "(no measurements)"
-  if systems is None:
-    systems = []
-    for r in records:
-      if r["system"] not in systems:
-        systems.append(r["system"])
-  by_key = {(r["program"], r["batch_size"], r["system"]): r for r in records}
-  programs = []
-  for r in records:
-    if r["program"] not in programs:
-      programs.append(r["program"])
-  header = ["program", "batch"] + list(systems)
-  rows = []
-  for program in programs:
-    sizes = sorted({r["batch_size"] for r in records
-                    if r["program"] == program})
-    for size in sizes:
-      row = [program, str(size)]
-      for system in systems:
-        r = by_key.get((program, size, system))
-        if r is None:
-          row.append("-")
-        else:
-          cell = "{} ({:.2f}s)".format(_fmt_rate(r["examples_per_sec"]),
-                                       r["first_call_sec"])
-          if r.get("extrapolated"):
-            cell += "*"
-          if not r.get("correct", True):
-            cell += " WRONG"
-          row.append(cell)
-      rows.append(row)
-  widths = [max(len(h), *(len(row[i]) for row in rows))
-            for i, h in enumerate(header)]
-  lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)),
-           "  ".join("-" * w for w in widths)]
-  lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
-  legend = "cells: examples/sec after warm-up (first-call seconds)"
-  if any(r.get("extrapolated") for r in records):
-    legend += "; * = python_loop rate extrapolated from its capped examples"
-  lines.append(legend)
-  return "\n".join(lines)
-
-
-def format_ratios(records, pairs=RATIO_PAIRS):
-  """Ratios of examples/sec, e.g. pc:xla / tfp_reference:xla."""
-  by_key = {(r["program"], r["batch_size"], r["system"]): r for r in records}
-  lines = []
-  for ours, theirs in pairs:
-    keys = sorted({(p, b) for (p, b, s) in by_key if s == ours} &
-                  {(p, b) for (p, b, s) in by_key if s == theirs})
-    if not keys:
-      continue
-    lines.append("examples/sec ratio {} / {}:".format(ours, theirs))
-    for program, size in keys:
-      a = by_key[(program, size, ours)]["examples_per_sec"]
-      b = by_key[(program, size, theirs)]["examples_per_sec"]
-      lines.append("  {:<8} batch {:>5}: {:8.2f}x".format(program, size,
-                                                           a / b))
-  return "\n".join(lines)
-
-
-def plot(records, path):
-  """Examples/sec against batch size, one panel per program."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  programs = []
-  for r in records:
-    if r["program"] not in programs:
-      programs.append(r["program"])
-  if not programs:
-    return
-  fig, axes = plt.subplots(1, len(programs), figsize=(6 * len(programs), 4.5),
-                           squeeze=False)
-  for ax, program in zip(axes[0], programs):
-    systems = []
-    for r in records:
-      if r["program"] == program and r["system"] not in systems:
-        systems.append(r["system"])
-    for system in systems:
-      rs = sorted((r for r in records
-                   if r["program"] == program and r["system"] == system),
-                  key=lambda r: r["batch_size"])
-      style = "--" if system == "python_loop" else (
-          ":" if system.startswith("tfp_reference") else "-")
-      ax.plot([r["batch_size"] for r in rs],
-              [r["examples_per_sec"] for r in rs], style, marker="o",
-              label=system)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("examples / second")
-    ax.set_title(program)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
-def benchmark(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
+def benchmark(programs=programs_systems.PROGRAMS,
+              systems=programs_systems.DEFAULT_SYSTEMS,
               batch_sizes=(1, 4, 16, 64, 256, 1024), repeats=3, seed=0,
               output=None, plot_path=None, progress=True, ranges=None,
               **kwargs):
@@ -603,20 +255,22 @@ def benchmark(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
   Arguments are those of `run_benchmarks`, plus `output` (JSON path or None)
   and `plot_path` (PNG path or None).
   """
-  ranges = dict(DEFAULT_RANGES, **(ranges or {}))
-  machine = machine_info()
+  ranges = dict(programs_systems.DEFAULT_RANGES, **(ranges or {}))
+  machine = machine_lib.machine_info()
   config = {"programs": list(programs), "systems": list(systems),
             "batch_sizes": sorted(set(int(b) for b in batch_sizes)),
             "repeats": repeats, "seed": seed,
             "input_ranges": {p: list(ranges[p]) for p in programs},
-            "input_dtype": np.dtype(INPUT_DTYPE).name,
+            "input_dtype": np.dtype(programs_systems.INPUT_DTYPE).name,
             "tfp_reference_max_stack_depth": dict(
                 tfp_ref.DEFAULT_MAX_STACK_DEPTH),
             "command": " ".join([os.path.basename(sys.executable)] +
                                 sys.argv)}
   config.update({k: v for k, v in kwargs.items() if k != "log"})
-  if tab is None or TAB_ERROR is not None:
-    print("NOTE: {}; its systems will be skipped.".format(TAB_ERROR))
+  if (programs_systems.tab is None or
+      programs_systems.TAB_ERROR is not None):
+    print("NOTE: {}; its systems will be skipped.".format(
+        programs_systems.TAB_ERROR))
   records, skipped = run_benchmarks(programs, systems, batch_sizes, repeats,
                                     seed, ranges=ranges, progress=progress,
                                     **kwargs)
@@ -624,9 +278,10 @@ def benchmark(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
   print("Machine: {} ({} usable cores), TF {}, TFP {}, {}".format(
       machine["cpu_model"], machine["usable_cores"], machine["tensorflow"],
       machine["tensorflow_probability"], machine["date"]))
-  print(format_table(records, [s for s in systems
-                               if any(r["system"] == s for r in records)]))
-  ratios = format_ratios(records)
+  print(programs_report.format_table(
+      records, [s for s in systems
+                if any(r["system"] == s for r in records)]))
+  ratios = programs_report.format_ratios(records)
   if ratios:
     print()
     print(ratios)
@@ -639,10 +294,10 @@ def benchmark(programs=PROGRAMS, systems=DEFAULT_SYSTEMS,
           "" if s["batch_size"] is None else
           " from batch size {}".format(s["batch_size"]), s["reason"]))
   if output:
-    write_json(output, machine, config, records, skipped)
+    programs_report.write_json(output, machine, config, records, skipped)
     print("\nwrote {}".format(output))
   if plot_path and records:
-    plot(records, plot_path)
+    programs_report.plot(records, plot_path)
     print("wrote {}".format(plot_path))
   return {"machine": machine, "config": config, "records": records,
           "skipped": skipped}
@@ -657,9 +312,9 @@ def define_flags(flag_values=None):
   """Defines the command-line flags (on `flag_values`, default absl's)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   fv = flags.FLAGS if flag_values is None else flag_values
-  flags.DEFINE_list("programs", list(PROGRAMS), "Programs to run.",
-                    flag_values=fv)
-  flags.DEFINE_list("backends", list(DEFAULT_SYSTEMS),
+  flags.DEFINE_list("programs", list(programs_systems.PROGRAMS),
+                    "Programs to run.", flag_values=fv)
+  flags.DEFINE_list("backends", list(programs_systems.DEFAULT_SYSTEMS),
                     "Systems: tfp_autobatch backends (strategy:execution), "
                     "tfp_reference:<graph|xla|eager|numpy>, python_loop.",
                     flag_values=fv)
@@ -688,10 +343,10 @@ def define_flags(flag_values=None):
   flags.DEFINE_float("slow_call_sec", 5.0,
                      "A warm-up call longer than this is the only timed run.",
                      flag_values=fv)
-  flags.DEFINE_list("fib_range", [str(v) for v in DEFAULT_RANGES["fib"]],
+  ranges = programs_systems.DEFAULT_RANGES
+  flags.DEFINE_list("fib_range", [str(v) for v in ranges["fib"]],
                     "fib inputs: n in [low, high).", flag_values=fv)
-  flags.DEFINE_list("collatz_range",
-                    [str(v) for v in DEFAULT_RANGES["collatz"]],
+  flags.DEFINE_list("collatz_range", [str(v) for v in ranges["collatz"]],
                     "collatz inputs: n in [low, high).", flag_values=fv)
   flags.DEFINE_boolean("progress", True, "Show a progress bar.",
                        flag_values=fv)

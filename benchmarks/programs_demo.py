@@ -34,14 +34,17 @@ import numpy as np
 import tensorflow as tf
 
 import tfp_autobatch as tab
+from benchmarks import machine as machine_lib
 from benchmarks import programs as bench
+from benchmarks import programs_report
+from benchmarks import programs_systems
 from benchmarks import tfp_reference_programs as tfp_ref
 
 
 # The same two programs the programs benchmark times: fib (recursive) and
 # collatz (a data-dependent while loop), each written for one example.
-fib = bench.OUR_PROGRAMS["fib"]
-collatz = bench.OUR_PROGRAMS["collatz"]
+fib = programs_systems.OUR_PROGRAMS["fib"]
+collatz = programs_systems.OUR_PROGRAMS["collatz"]
 PROGRAMS = {"fib": fib, "collatz": collatz}
 RANGES = {"fib": (3, 10), "collatz": (1, 100)}
 
@@ -69,7 +72,7 @@ def _inputs(program, size, seed):
 
 
 def _unbatched(fn, xs):
-  return np.array([bench._to_numpy(fn.run_unbatched(tf.constant(x)))  # pylint: disable=protected-access
+  return np.array([programs_systems._to_numpy(fn.run_unbatched(tf.constant(x)))  # pylint: disable=protected-access
                    for x in xs], dtype=xs.dtype)
 
 
@@ -126,7 +129,7 @@ def run_program(program, backends, batch_sizes, deadline):
     if system.startswith("tfp_reference:"):
       call = tfp_ref.make_tfp_reference(program, system.split(":", 1)[1])
     else:
-      call = lambda xs, b=system: bench._to_numpy(fn(xs, backend=b))  # pylint: disable=protected-access,cell-var-from-loop
+      call = lambda xs, b=system: programs_systems._to_numpy(fn(xs, backend=b))  # pylint: disable=protected-access,cell-var-from-loop
     for size in batch_sizes:
       if time.monotonic() > deadline:
         notes.append("time budget spent: {} at batch {}+ not run".format(
@@ -161,7 +164,7 @@ def run_program(program, backends, batch_sizes, deadline):
                      "larger batches not run".format(system, median, size))
         break
   print()
-  print(bench.format_table(records))
+  print(programs_report.format_table(records))
   for note in notes:
     print("  " + note)
   return ok, records
@@ -178,7 +181,7 @@ def main(argv):
         unknown, list(tab.BACKENDS)))
     backends = [b for b in backends if b in tab.BACKENDS]
   batch_sizes = sorted(set(int(b) for b in FLAGS.batch_sizes))
-  machine = bench.machine_info()
+  machine = machine_lib.machine_info()
   print("tfp_autobatch demo on {} ({} cores), TF {}, TFP {}".format(
       machine["cpu_model"], machine["usable_cores"], machine["tensorflow"],
       machine["tensorflow_probability"]))
@@ -206,7 +209,7 @@ def main(argv):
       except Exception as e:  # pylint: disable=broad-except
         print("IR-2 not available: {}: {}".format(type(e).__name__, e))
 
-  ratios = bench.format_ratios(records)
+  ratios = programs_report.format_ratios(records)
   if ratios:
     print()
     print(ratios)

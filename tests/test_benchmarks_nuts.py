@@ -17,8 +17,10 @@ import pytest
 import tensorflow as tf
 
 from benchmarks import nuts as nuts_bench
+from benchmarks import nuts_measure
 from benchmarks import nuts_problems
 from benchmarks import nuts_report
+from benchmarks import nuts_run
 from benchmarks import nuts_systems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,9 +91,9 @@ def test_min_ess():
   # chains x 2 dims with a fixed seed: deterministic; the bound holds with
   # a wide margin (false-failure rate under the null < 1e-6).
   draws = np.random.default_rng(3).standard_normal((2000, 4, 2))
-  assert 6000 < nuts_bench.min_ess(draws) < 10000
-  assert nuts_bench.min_ess(draws[:1]) is None
-  assert 1000 < nuts_bench.min_ess(draws[:, :1]) < 3000
+  assert 6000 < nuts_measure.min_ess(draws) < 10000
+  assert nuts_measure.min_ess(draws[:1]) is None
+  assert 1000 < nuts_measure.min_ess(draws[:, :1]) < 3000
 
 
 @pytest.mark.slow  # one run of every system: ~2-4 min (XLA compilations)
@@ -178,7 +180,7 @@ def test_rounds_interleave_the_systems_and_report_the_median_window(
     stepper.run_steps = logged
     return stepper
   monkeypatch.setattr(nuts_systems, "make_stepper", logged_stepper)
-  records, skipped = nuts_bench.run_benchmarks(
+  records, skipped = nuts_run.run_benchmarks(
       systems=("tfp_iterative", "limit"), batch_sizes=(1, 2), num_results=2,
       num_burnin=1, rounds=3, limit_leapfrogs=2, max_step_sec=1e-9,
       progress=False, **TINY)
@@ -217,7 +219,7 @@ def test_too_slow_system_stops_while_the_others_go_on(monkeypatch):
       stepper.run_steps = sleepy
     return stepper
   monkeypatch.setattr(nuts_systems, "make_stepper", slowed)
-  records, skipped = nuts_bench.run_benchmarks(
+  records, skipped = nuts_run.run_benchmarks(
       systems=("tfp_iterative", "limit"), batch_sizes=(1, 2, 3),
       num_results=1, num_burnin=0, limit_leapfrogs=1, max_step_sec=0.2,
       progress=False, **TINY)
@@ -259,7 +261,7 @@ def test_steps_in_one_call_are_the_steps_of_one_call_each():
 
 
 def test_steps_per_call_must_divide_the_steps_and_needs_tracing():
-  run = functools.partial(nuts_bench.run_benchmarks, systems=("limit",),
+  run = functools.partial(nuts_run.run_benchmarks, systems=("limit",),
                           batch_sizes=(1,), progress=False, **TINY)
   with pytest.raises(ValueError, match="divide --num_results"):
     run(num_results=5, num_burnin=4, steps_per_call=2)
@@ -271,7 +273,7 @@ def test_steps_per_call_must_divide_the_steps_and_needs_tracing():
 
 def test_a_benchmark_with_steps_per_call_records_them():
   # Eager systems and the limits run one step per call and say so.
-  records, skipped = nuts_bench.run_benchmarks(
+  records, skipped = nuts_run.run_benchmarks(
       systems=("tfp_iterative", "local:eager", "limit"), batch_sizes=(2,),
       num_results=4, num_burnin=2, steps_per_call=2, limit_leapfrogs=2,
       progress=False, **TINY)
@@ -313,7 +315,7 @@ def test_stan_warms_up_and_times_only_its_sampling():
   # acceptance of 50 draws is near Stan's target 0.8 and divergences do
   # not happen: the bounds have wide margins.  Without warm-up (the old
   # failure) the step size was 1.0 and the acceptance 0.08 here.
-  records, skipped = nuts_bench.run_benchmarks(
+  records, skipped = nuts_run.run_benchmarks(
       systems=("stan",), batch_sizes=(1, 4), stan_num_results=50,
       stan_num_warmup=200, progress=False, **TINY)
   assert not skipped, skipped
@@ -331,7 +333,7 @@ def test_stan_warms_up_and_times_only_its_sampling():
     assert r["grads_per_sec"] == r["grads_used"] / r["timed_sec"], r
     # Timed by Stan's sampling clock (at least its 1 ms tick), not the
     # whole call (warm-up and pystan's round trips).
-    assert nuts_bench.STAN_CLOCK_TICK_SEC <= r["timed_sec"] <= r["wall_sec"]
+    assert nuts_measure.STAN_CLOCK_TICK_SEC <= r["timed_sec"] <= r["wall_sec"]
     assert 0 <= r["warmup_sec"] <= r["wall_sec"], r
 
 
@@ -351,13 +353,13 @@ def test_stan_clock_is_read_from_its_output():
 
 def test_stan_needs_warm_up():
   with pytest.raises(ValueError, match="stan_num_warmup"):
-    nuts_bench.run_benchmarks(systems=("stan",), batch_sizes=(1,),
-                              stan_num_warmup=0, progress=False, **TINY)
+    nuts_run.run_benchmarks(systems=("stan",), batch_sizes=(1,),
+                            stan_num_warmup=0, progress=False, **TINY)
 
 
 def test_stan_is_skipped_with_a_clear_message_without_pystan(monkeypatch):
   monkeypatch.setitem(sys.modules, "stan", None)   # `import stan` fails
-  records, skipped = nuts_bench.run_benchmarks(
+  records, skipped = nuts_run.run_benchmarks(
       systems=("stan",), batch_sizes=(1,), progress=False, **TINY)
   assert records == []
   assert [s["reason"] for s in skipped] == [nuts_systems.STAN_MISSING]
@@ -433,7 +435,7 @@ def test_command_line_and_replot(tmp_path, capsys):
   assert os.path.getsize(plot_path) > 0
 
   with pytest.raises(ValueError, match="unknown system"):
-    nuts_bench.run_benchmarks(systems=("pc:nope",), progress=False)
+    nuts_run.run_benchmarks(systems=("pc:nope",), progress=False)
 
 
 @pytest.mark.slow  # a subprocess: TensorFlow import and one XLA compile

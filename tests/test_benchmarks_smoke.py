@@ -10,6 +10,8 @@ import os
 import pytest
 
 from benchmarks import programs as bench
+from benchmarks import programs_report
+from benchmarks import programs_systems
 
 # Small inputs keep the test fast; the programs still recurse and loop.
 TINY_RANGES = {"fib": (3, 8), "collatz": (1, 30)}
@@ -22,15 +24,15 @@ MACHINE_FIELDS = ("cpu_model", "cpu_count", "usable_cores", "tensorflow",
 
 
 def _ours_available():
-  return bench.TAB_ERROR is None
+  return programs_systems.TAB_ERROR is None
 
 
 @pytest.mark.slow  # ~15-30 s each: XLA compilations at two batch sizes
-@pytest.mark.parametrize("program", bench.PROGRAMS)
+@pytest.mark.parametrize("program", programs_systems.PROGRAMS)
 def test_benchmark_runs_every_system(program, tmp_path):
   output = str(tmp_path / "programs.json")
   plot_path = str(tmp_path / "programs.png")
-  systems = tuple(bench.DEFAULT_SYSTEMS) + (NOT_A_BACKEND,)
+  systems = tuple(programs_systems.DEFAULT_SYSTEMS) + (NOT_A_BACKEND,)
   bench.benchmark(programs=(program,), systems=systems, batch_sizes=(1, 2),
                   repeats=1, seed=0, output=output, plot_path=plot_path,
                   progress=False, ranges=TINY_RANGES, python_loop_cap=2,
@@ -59,12 +61,12 @@ def test_benchmark_runs_every_system(program, tmp_path):
   assert "not in tfp_autobatch.BACKENDS" in skipped[NOT_A_BACKEND]["reason"] \
       or not _ours_available()
 
-  expected = [s for s in bench.DEFAULT_SYSTEMS
+  expected = [s for s in programs_systems.DEFAULT_SYSTEMS
               if _ours_available() or s.startswith("tfp_reference:")]
   for system in expected:
     sizes = sorted(r["batch_size"] for r in records if r["system"] == system)
     assert sizes == [1, 2], (system, sizes, skipped.get(system))
-  for system in bench.DEFAULT_SYSTEMS:
+  for system in programs_systems.DEFAULT_SYSTEMS:
     if system not in expected:
       assert system in skipped, system
   assert os.path.getsize(plot_path) > 0
@@ -80,10 +82,10 @@ def test_tables_format():
        "examples_per_sec": 5.0, "first_call_sec": 0.5, "correct": True,
        "extrapolated": True},
   ]
-  table = bench.format_table(records)
+  table = programs_report.format_table(records)
   assert "pc:xla" in table and "1,000 (2.00s)" in table
   assert "5 (0.50s)*" in table
-  ratios = bench.format_ratios(records)
+  ratios = programs_report.format_ratios(records)
   assert "pc:xla / tfp_reference:xla" in ratios and "2.00x" in ratios
 
 
