@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from benchmarks import nuts_stan
 from benchmarks import nuts_systems
 from benchmarks import progress as progress_lib
 
@@ -180,7 +181,7 @@ def measure_stan(problem, settings, init, batch_sizes, num_results,
                  num_warmup):
   """Stan's single-chain rates, one record per batch size: `num_warmup`
   untimed adapting warm-up iterations, then `num_results` timed draws."""
-  stan = nuts_systems.Stan(problem, settings, init[:1])
+  stan = nuts_stan.Stan(problem, settings, init[:1])
   run = stan.run(num_results, num_warmup)
   accept = float(np.mean(run.accept_stat))
   ess = min_ess(run.draws)

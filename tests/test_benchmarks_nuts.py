@@ -21,6 +21,7 @@ from benchmarks import nuts_measure
 from benchmarks import nuts_problems
 from benchmarks import nuts_report
 from benchmarks import nuts_run
+from benchmarks import nuts_stan
 from benchmarks import nuts_systems
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,7 +124,7 @@ def test_benchmark_runs_every_system(tmp_path):
                                           {"stan"})
   assert set(by_system) == expected, skipped
   if not _has_pystan():
-    assert skipped == {"stan": nuts_systems.STAN_MISSING}
+    assert skipped == {"stan": nuts_stan.STAN_MISSING}
   else:
     assert not skipped
 
@@ -310,7 +311,7 @@ def test_limit_logp_computes_the_log_density_that_limit_leaves_out():
 @pytest.mark.slow  # builds Stan's tiny model: C++ compilation (~1 min)
 @pytest.mark.skipif(not _has_pystan(), reason="pystan is not installed")
 def test_stan_warms_up_and_times_only_its_sampling():
-  # Stan's runs are not seeded (see `nuts_systems.Stan`), so this is
+  # Stan's runs are not seeded (see `nuts_stan.Stan`), so this is
   # random, but after a 200-iteration warm-up on the 3-d problem the mean
   # acceptance of 50 draws is near Stan's target 0.8 and divergences do
   # not happen: the bounds have wide margins.  Without warm-up (the old
@@ -346,9 +347,9 @@ def test_stan_clock_is_read_from_its_output():
       b'2.064 seconds (Sampling)"]}\n'
       b'{"version":1,"topic":"logger","values":["info:               '
       b'4.408 seconds (Total)"]}\n',)
-  assert nuts_systems.stan_elapsed(outputs) == (2.344, 2.064)
+  assert nuts_stan.stan_elapsed(outputs) == (2.344, 2.064)
   with pytest.raises(RuntimeError, match="Elapsed Time"):
-    nuts_systems.stan_elapsed((b"no timing here",))
+    nuts_stan.stan_elapsed((b"no timing here",))
 
 
 def test_stan_needs_warm_up():
@@ -362,8 +363,8 @@ def test_stan_is_skipped_with_a_clear_message_without_pystan(monkeypatch):
   records, skipped = nuts_run.run_benchmarks(
       systems=("stan",), batch_sizes=(1,), progress=False, **TINY)
   assert records == []
-  assert [s["reason"] for s in skipped] == [nuts_systems.STAN_MISSING]
-  assert "pip install" in nuts_systems.STAN_MISSING
+  assert [s["reason"] for s in skipped] == [nuts_stan.STAN_MISSING]
+  assert "pip install" in nuts_stan.STAN_MISSING
 
 
 def _records():
