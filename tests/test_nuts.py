@@ -207,7 +207,7 @@ def test_every_backend_gives_the_same_samples(fused_step, backend):
   # exactly the chains that reach a call (build_tree's base case calls the
   # gradient once, then a second time guarded: for a two-leaf subtree
   # whose first leaf was valid for some chain). pc:xla computes a call's
-  # members gathered into 1, 1, 2 or 4 rows (the buckets of 4 chains), at
+  # members gathered into 1, 2 or 4 rows (the buckets of 4 chains), at
   # least one per member. Before the eager and graph modes gathered, they
   # computed all 4 rows of every call: `most` below.
   computed = int(other_results.num_grads_computed)

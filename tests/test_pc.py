@@ -384,8 +384,9 @@ def test_the_model_runs_on_its_members_gathered():
   # model_first(n) calls the model once per level of recursion: with n =
   # 0..15 the k-th call has 16 - k members. pc:graph and pc:eager compute
   # exactly the members' rows (they used to compute all 16 rows each
-  # time); pc:xla gathers the members into the smallest of 16, 8, 4, 2
-  # rows that holds them; the results do not change.
+  # time); pc:xla gathers the members into the smallest of 16, 8, 4, 2, 1
+  # rows that holds them (the last call, one member, used to take 2 rows);
+  # the results do not change.
   n = np.arange(16, dtype=np.int32)
   want = n * (n + 1)
   members = 16 - np.arange(16)
@@ -393,8 +394,8 @@ def test_the_model_runs_on_its_members_gathered():
     np.testing.assert_array_equal(model_first(n, backend=backend), want)
     assert model_first.last_stats.batched_primitive_rows == sum(members)
   np.testing.assert_array_equal(model_first(n, backend="pc:xla"), want)
-  buckets = [min(b for b in (16, 8, 4, 2) if b >= m) for m in members]
-  assert buckets[:9] == [16] * 8 + [8]
+  buckets = [min(b for b in (16, 8, 4, 2, 1) if b >= m) for m in members]
+  assert buckets[:9] == [16] * 8 + [8] and buckets[-2:] == [2, 1]
   assert model_first.last_stats.batched_primitive_rows == sum(buckets)
 
 
@@ -815,12 +816,23 @@ def test_a_chain_of_early_returns_runs_in_one_step():
   # Before: a step per block the members pass through.
   assert (steps_before, steps_after) == (6, 1)
   # Under XLA each guarded model call computes its members' rows only
-  # (in buckets of the batch size / 1, 2, 4 or 8, rounded up: 13, 7, 4,
-  # 2): 13, 10 and 5 members here, computed as 13 + 13 + 7 rows; every
+  # (in buckets of the batch size halved, rounded up: 13, 7, 4, 2, 1):
+  # 13, 10 and 5 members here, computed as 13 + 13 + 7 rows; every
   # backend agrees.
   for backend in ("pc:eager", "pc:graph", "pc:xla"):
     np.testing.assert_array_equal(model_chain(n, backend=backend), want)
   assert model_chain.last_stats.batched_primitive_rows == 13 + 13 + 7
+
+
+def test_member_buckets_halve_the_batch_down_to_one_row():
+  sizes = batched_primitive_calls.member_bucket_sizes
+  assert sizes(None, 256) == [128, 64, 32, 16, 8, 4, 2, 1]
+  assert sizes(None, 13) == [7, 4, 2, 1]
+  assert sizes(None, 2) == [1]
+  assert sizes(None, 1) == []
+  # A batch size unknown at trace time: a fixed number of sizes.
+  z = tf.constant(13)
+  assert [int(s) for s in sizes(z, None)] == [7, 4, 2]
 
 
 def test_verify_rejects_a_guarded_pop():

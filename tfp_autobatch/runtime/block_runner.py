@@ -93,7 +93,7 @@ class BlockRunner:
     variables = dict(state["vars"])
     pc_top = state["pc_top"]
     z = tf.shape(pc_top)[0]
-    static_z = pc_top.shape[0]   # known under pc:xla: see `compiled_for`
+    static_z = pc_top.shape[0]   # known under pc:xla (`compiled_for`)
     if static_z == 1:
       # The one member is at this block: the schedule picked it.
       active = tf.ones([1], tf.bool)
