@@ -14,8 +14,9 @@ class RunStats:
   batched_primitive_rows: rows the `@batched_primitive` calls computed,
     summed over calls (the program-counter runtime; None where not
     counted). A call computes its members gathered: exactly their rows
-    under pc:graph and pc:eager; under XLA one of a few fixed sizes, so
-    there it lies between the members and the batch size.
+    under pc:graph and pc:eager; under XLA the smallest of Z, Z/2, ..., 1
+    rows (rounded up) that holds them, so there it lies between the
+    members and the batch size.
   """
   batch_size: int = 0
   steps: int = 0
