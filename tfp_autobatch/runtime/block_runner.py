@@ -27,7 +27,7 @@ from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
 
 
-def row_sources(mask):
+def _row_sources(mask):
   """Per row, the row to read its inputs from: itself where `mask`, else
   the first row of `mask` (the appended 1 keeps argmax defined for an
   empty batch)."""
@@ -36,7 +36,7 @@ def row_sources(mask):
   return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
 
 
-def check_hoistable(block):
+def _check_hoistable(block):
   """Each hoisted stack takes at most one write per block, after its reads:
   the writes are applied when the block is done."""
   pushed = set()
@@ -82,7 +82,7 @@ class BlockRunner:
     self.labels = program.block_index()
     if program.cached_top:
       for block in program.blocks:
-        check_hoistable(block)
+        _check_hoistable(block)
 
   def run(self, index, block, small, stack_view):
     """`(small after, stack writes, model rows)` of block `index` run on the
@@ -99,7 +99,7 @@ class BlockRunner:
       active = tf.ones([1], tf.bool)
     else:
       active = tf.equal(pc_top, index)
-    source = row_sources(active)
+    source = _row_sources(active)
     writes = {}
 
     def sanitize(value):
@@ -151,7 +151,7 @@ class BlockRunner:
       if guard is None or self.mode == "xla":
         return kernel(z, *ins), z
       runs = members(guard)
-      source_g = row_sources(runs)
+      source_g = _row_sources(runs)
       def compute():
         return list(kernel(z, *tf.nest.map_structure(
             lambda x: tf.gather(x, source_g), ins))), z

@@ -25,9 +25,9 @@ comparison).
 Each step picks a block (the lowest waiting pc, or the one most members wait
 at; `schedule`), and runs it for the members waiting there (`block_runner`:
 primitives on every row with inactive rows' results discarded, the model on
-the members only, gathered). Block functions are built once per block with
-the block index static (paper Fig. 5): in graph mode the loop is a
-`tf.while_loop` over `tf.switch_case(next_pc, blocks)`.
+the members only, gathered). Each block is traced as a function of the
+loop state with its index static (paper Fig. 5): in graph mode the loop is
+a `tf.while_loop` over `tf.switch_case(next_pc, blocks)`.
 Under XLA the blocks are split into dispatches by how much they write back
 (`dispatch`), each a `tf.while_loop` over its own `tf.switch_case` that runs
 while the next block is one of its, inside a loop that runs until every
@@ -105,7 +105,6 @@ class PcVmRuntime:
         program.stacked, program.cached_top, self.depth)
     self._runner = block_runner.BlockRunner(program, mode, self.kernels,
                                             self._store, self.depth)
-    self._blocks = [self._block_fn(i, b) for i, b in enumerate(program.blocks)]
     self._compiled = {}   # static batch size (None: unknown) -> tf.function
 
   # -- the public interface shared with LocalStaticRuntime -------------------
@@ -254,12 +253,13 @@ class PcVmRuntime:
     stacks = state["stacks"]
     if eager:
       dispatch = self._dispatch_of[nxt]
-      registers, bank_writes, packed_writes, rows = self._blocks[nxt](state)
+      registers, bank_writes, packed_writes, rows = self._run_block(nxt,
+                                                                    state)
     else:
       blocks = dispatch.blocks
       def run(i):
         with tf.name_scope(f"{BLOCK_SCOPE}{i}"):
-          return self._blocks[i](state)
+          return self._run_block(i, state)
       branches = [functools.partial(run, i) for i in blocks]
       if len(blocks) == 1:
         # Still a conditional (with a branch that is never taken): a block
@@ -405,23 +405,21 @@ class PcVmRuntime:
 
   # -- one block ------------------------------------------------------------
 
-  def _block_fn(self, index, block):
-    """Block `index` as a function of the loop state: run (`block_runner`),
-    then its changed registers, bank and stack writes packed as its
-    dispatch's other blocks pack theirs."""
-    def run(state):
-      stacks = state["stacks"]
-      before = self._small(state)
-      after, writes, rows = self._runner.run(
-          index, block, before, lambda v: self._stacks.view(stacks, v))
-      # Every block returns the same writes (switch_case branches must
-      # agree): the stacks it does not write get masked-off ones.
-      dispatch = self._dispatch_of[index]
-      changed = self._banks.changes(after, before, self._changed[index],
-                                    dispatch.bank_capacity)
-      z = tf.shape(after["pc_top"])[0]
-      return (self._registers.pack(self._banks.rest(after)), changed,
-              dispatch.writes.pack(self._stacks.pack(
-                  writes, z, dispatch.stack_capacity)), rows)
-
-    return run
+  def _run_block(self, index, state):
+    """Block `index` run on the loop state (`block_runner`): its registers,
+    changed bank rows and stack writes packed as its dispatch's other
+    blocks pack theirs, and the rows its model calls computed."""
+    stacks = state["stacks"]
+    before = self._small(state)
+    after, writes, rows = self._runner.run(
+        index, self.program.blocks[index], before,
+        lambda v: self._stacks.view(stacks, v))
+    # Every block returns the same writes (switch_case branches must
+    # agree): the stacks it does not write get masked-off ones.
+    dispatch = self._dispatch_of[index]
+    changed = self._banks.changes(after, before, self._changed[index],
+                                  dispatch.bank_capacity)
+    z = tf.shape(after["pc_top"])[0]
+    return (self._registers.pack(self._banks.rest(after)), changed,
+            dispatch.writes.pack(self._stacks.pack(
+                writes, z, dispatch.stack_capacity)), rows)
