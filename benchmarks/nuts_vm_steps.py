@@ -8,7 +8,8 @@
 takes the program-counter VM apart: for one fixed transition (same state,
 same seed, so the same work every time) it reports the VM steps the
 transition takes (blocks executed, from the backend's run statistics), the
-leapfrog steps it computes, and the fastest and median time of the
+leapfrog steps it computes, its model (gradient) calls and how many chains
+each was made for, and the fastest and median time of the
 transition traced in `tf.function` after `--warmup` untimed ones (XLA
 compiled kernels start slow), hence microseconds per VM step, and the
 first call's seconds (conversion, tracing and XLA compilation). With
@@ -100,7 +101,8 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
                                 chains_known_at_trace)
   out, first, times = time_transitions(transition, warmup, repeats)
   transition.run_eagerly()
-  steps = transition.kernel.last_run_stats.steps
+  stats = transition.kernel.last_run_stats
+  steps = stats.steps
   return {
       "problem": problem.name, "backend": backend, "batch_size": chains,
       "chains_known_at_trace": chains_known_at_trace,
@@ -108,6 +110,12 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
       "num_dims": problem.num_dims, "warmup": warmup,
       "vm_steps": steps,
       "leapfrogs": int(np.sum(out.leapfrogs_taken)),
+      # The model's gradient calls, and how many chains each was made for
+      # ({chains: calls}; calls for a few stragglers cost more than their
+      # share).
+      "model_calls": stats.batched_primitive_calls,
+      "chains_per_model_call": {
+          str(k): n for k, n in sorted(stats.batched_primitive_members.items())},
       "first_call_sec": first,
       "min_sec": min(times), "median_sec": float(np.median(times)),
       "us_per_vm_step": float(np.median(times)) / steps * 1e6,
@@ -182,7 +190,8 @@ def run_from_flags(fv):
     records.append(r)
     print(f"{r['problem']} d={r['num_dims']} chains={chains} "
           f"k={r['num_trajectories_per_step']}: {r['vm_steps']} VM steps, "
-          f"{r['leapfrogs']} leapfrogs, median {r['median_sec'] * 1e3:.2f} ms"
+          f"{r['leapfrogs']} leapfrogs, {r['model_calls']} model calls, "
+          f"median {r['median_sec'] * 1e3:.2f} ms"
           f" (fastest {r['min_sec'] * 1e3:.2f} ms), "
           f"{r['us_per_vm_step']:.1f} us per VM step; first call "
           f"{r['first_call_sec']:.1f} s")

@@ -465,6 +465,11 @@ def test_vm_steps_benchmark_counts_steps_of_one_fixed_transition():
   assert record["vm_steps"] > 0 and record["leapfrogs"] > 0
   # Each leapfrog is in a leaf step, and one leaf step serves both chains.
   assert record["vm_steps"] >= record["leapfrogs"] / 2
+  # Every leapfrog of every chain is one chain's row in one model call.
+  calls = {int(k): n for k, n in record["chains_per_model_call"].items()}
+  assert sum(k * n for k, n in calls.items()) == record["leapfrogs"]
+  assert record["model_calls"] == sum(n for k, n in calls.items() if k)
+  assert set(calls) <= {0, 1, 2}
   assert 0 < record["min_sec"] <= record["median_sec"]
   assert record["us_per_vm_step"] == pytest.approx(
       record["median_sec"] / record["vm_steps"] * 1e6)

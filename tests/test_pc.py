@@ -397,6 +397,22 @@ def test_the_model_runs_on_its_members_gathered():
   buckets = [min(b for b in (16, 8, 4, 2, 1) if b >= m) for m in members]
   assert buckets[:9] == [16] * 8 + [8] and buckets[-2:] == [2, 1]
   assert model_first.last_stats.batched_primitive_rows == sum(buckets)
+  # The members each call was made for, whatever rows it computed.
+  assert model_first.last_stats.batched_primitive_members == {
+      int(m): 1 for m in members}
+  assert model_first.last_stats.batched_primitive_calls == 16
+
+
+def test_members_per_model_call_are_counted_inside_tf_function():
+  # Traced in the user's tf.function, the histogram is a tensor indexed by
+  # members (16 + 1 entries): one call for each of 16, 15, ..., 1.
+  n = np.arange(16, dtype=np.int32)
+  for backend in ("pc:graph", "pc:xla"):
+    @tf.function(autograph=False)
+    def run(n):
+      model_first(n, backend=backend)
+      return model_first.last_stats_tensors["batched_primitive_members"]
+    np.testing.assert_array_equal(run(tf.constant(n)), [0] + [1] * 16)
 
 
 def test_model_outputs_stop_xla_constant_inference_at_no_cost():
@@ -759,6 +775,8 @@ def test_early_return_after_the_model_runs_the_next_model_call_guarded():
     np.testing.assert_array_equal(model_test_model(n, backend=backend),
                                   got_before)
     rows[backend] = model_test_model.last_stats.batched_primitive_rows
+    assert model_test_model.last_stats.batched_primitive_members == {
+        4: 1, 2: 1}, backend
   assert rows == {"pc:eager": 6, "pc:graph": 6, "pc:xla": 6}
   # When every row returns early, no backend runs the guarded call: only
   # the first call's 4 rows are computed (pc:xla used to run its smallest
@@ -768,6 +786,10 @@ def test_early_return_after_the_model_runs_the_next_model_call_guarded():
     np.testing.assert_array_equal(model_test_model(negative, backend=backend),
                                   2 * negative)
     assert model_test_model.last_stats.batched_primitive_rows == 4, backend
+    # The guarded call was reached with no members: counted under 0.
+    assert model_test_model.last_stats.batched_primitive_members == {
+        4: 1, 0: 1}, backend
+    assert model_test_model.last_stats.batched_primitive_calls == 1
 
 
 @tab.batch

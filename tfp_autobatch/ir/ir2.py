@@ -94,11 +94,17 @@ def unguarded(op):
   return op.op if isinstance(op, Guarded) else op
 
 
+def batched_primitive_calls(block):
+  """How many `@batched_primitive` (model) calls `block` makes, guarded or
+  not."""
+  return sum(isinstance(unguarded(op), Primitive) and unguarded(op).batched
+             for op in block.ops)
+
+
 def calls_batched_primitive(block):
   """Whether `block` calls a `@batched_primitive` (the model), guarded or
   not."""
-  return any(isinstance(unguarded(op), Primitive) and unguarded(op).batched
-             for op in block.ops)
+  return batched_primitive_calls(block) > 0
 
 
 @dataclasses.dataclass(frozen=True)

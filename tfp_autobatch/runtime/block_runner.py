@@ -85,9 +85,12 @@ class BlockRunner:
         _check_hoistable(block)
 
   def run(self, index, block, small, stack_view):
-    """`(small after, stack writes, model rows)` of block `index` run on the
-    unpacked state `small` for the members at it; `stack_view(v)` is stack
-    v's [D, Z, ...] buffer, read by pops (and by returns, for the pc)."""
+    """`(small after, stack writes, model rows, model members)` of block
+    `index` run on the unpacked state `small` for the members at it;
+    `stack_view(v)` is stack v's [D, Z, ...] buffer, read by pops (and by
+    returns, for the pc). Model members: a list of int32 scalars, the
+    members each of the block's `@batched_primitive` calls was made for,
+    in turn."""
     p = self.program
     state = dict(small)
     variables = dict(state["vars"])
@@ -111,7 +114,8 @@ class BlockRunner:
 
     env, dirty = {}, set()
     live_out = self.live_out[block.label]
-    model_rows = []    # rows each @batched_primitive call computed
+    model_rows = []      # rows each @batched_primitive call computed
+    model_members = []   # and the members it was called for
 
     def read(v):
       if v not in env:
@@ -173,6 +177,8 @@ class BlockRunner:
           values, rows = primitive(op, guard)
           if batched:
             model_rows.append(rows)
+            model_members.append(tf.reduce_sum(
+                tf.cast(members(guard), tf.int32)))
           assign(outs, values, guard)
         case ir2.Move(outs, ins):
           assign(outs, [vectorize.conform(read(v), p.types[v2])
@@ -210,7 +216,7 @@ class BlockRunner:
                     active, read)
     rows = tf.add_n([tf.constant(0)] + [tf.cast(r, tf.int32)
                                         for r in model_rows])
-    return state, writes, rows
+    return state, writes, rows, model_members
 
   def _terminate(self, terminator, state, pc_stack, writes, active, read):
     """Moves the active members' pc as `terminator` says (pushing a return

@@ -124,11 +124,12 @@ class PcVmRuntime:
       if bool(tf.reduce_any(overflow)):
         raise errors.StackOverflowError(message)
       return result
-    steps, executions, active, high, rows = counters
+    steps, executions, active, high, rows, members = counters
     self.stats = None
     self.stats_tensors = {
         "steps": steps, "active_members": active, "max_stack_depth": high,
         "batched_primitive_rows": rows,
+        "batched_primitive_members": members,
         "block_executions": {b.label: executions[i] for i, b in
                              enumerate(self.program.blocks)}}
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
@@ -172,12 +173,14 @@ class PcVmRuntime:
     return self._execute(list(args), eager=False)
 
   def _to_stats(self, counters, batch_size):
-    steps, executions, active, high, rows = (np.asarray(c)
-                                             for c in counters)
-    stats = stats_lib.RunStats(batch_size=int(batch_size), steps=int(steps),
-                               active_members=int(active),
-                               max_stack_depth=int(high),
-                               batched_primitive_rows=int(rows))
+    steps, executions, active, high, rows, members = (np.asarray(c)
+                                                      for c in counters)
+    stats = stats_lib.RunStats(
+        batch_size=int(batch_size), steps=int(steps),
+        active_members=int(active), max_stack_depth=int(high),
+        batched_primitive_rows=int(rows),
+        batched_primitive_members={k: int(n) for k, n in enumerate(members)
+                                   if n})
     stats.block_executions = {b.label: int(n) for b, n in
                               zip(self.program.blocks, executions) if n}
     return stats
@@ -234,7 +237,7 @@ class PcVmRuntime:
                          self.program.result)
     result = _poison(result, small["overflow"])
     counters = (state["steps"], state["executions"], state["active"],
-                state["high"], state["rows"])
+                state["high"], state["rows"], state["members"])
     return result, small["overflow"], counters
 
   def _small(self, state):
@@ -253,8 +256,8 @@ class PcVmRuntime:
     stacks = state["stacks"]
     if eager:
       dispatch = self._dispatch_of[nxt]
-      registers, bank_writes, packed_writes, rows = self._run_block(nxt,
-                                                                    state)
+      registers, bank_writes, packed_writes, rows, members = (
+          self._run_block(nxt, state))
     else:
       blocks = dispatch.blocks
       def run(i):
@@ -275,7 +278,7 @@ class PcVmRuntime:
                  tf.gather(tf.constant(np.searchsorted(
                      blocks, range(self.program.halt)), tf.int32), nxt))
       outputs = tf.switch_case(index, branches)
-      registers, bank_writes, packed_writes, rows = outputs
+      registers, bank_writes, packed_writes, rows, members = outputs
     writes = dispatch.writes.unpack(*packed_writes)
     banks = self._banks.apply(state["banks"], bank_writes)
     pc_top = self._small(state)["pc_top"]
@@ -292,7 +295,18 @@ class PcVmRuntime:
         "high": tf.maximum(state["high"], tf.reduce_max(
             tf.concat([pc_sp, [0]], 0))),
         "rows": state["rows"] + rows,
+        "members": self._count_members(state["members"], members,
+                                       dispatch),
     }
+
+  def _count_members(self, histogram, members, dispatch):
+    """The histogram (entry k: the model calls made for k members) with
+    one block's `members` per call added (-1, no call, adds nothing);
+    unchanged by a dispatch whose blocks make no model calls."""
+    if not self._model_calls[dispatch.blocks]:
+      return histogram
+    return histogram + tf.reduce_sum(
+        tf.one_hot(members, tf.shape(histogram)[0], dtype=tf.int32), 0)
 
   def _no_block(self, state, dispatch):
     """What a block of `dispatch` that changes nothing returns."""
@@ -303,7 +317,8 @@ class PcVmRuntime:
                                 dispatch.bank_capacity),
             dispatch.writes.pack(self._stacks.pack({}, z,
                                                    dispatch.stack_capacity)),
-            tf.constant(0))
+            tf.constant(0),
+            tf.fill([self._model_calls[dispatch.blocks]], -1))
 
   def _initial_state(self, args):
     p = self.program
@@ -358,6 +373,10 @@ class PcVmRuntime:
         self._changed, [self._pushed_stacks(b) for b in p.blocks],
         self._banks, self._stacks, z, pack)
     self._dispatch_of = {i: d for d in self._dispatches for i in d.blocks}
+    # Per dispatch, the most model calls one of its blocks makes: each of
+    # its blocks reports the members of that many calls (`_run_block`).
+    self._model_calls = {d.blocks: max(ir2.batched_primitive_calls(
+        p.blocks[i]) for i in d.blocks) for d in self._dispatches}
     return {
         "registers": self._registers.pack(rest),
         "banks": banks,
@@ -367,6 +386,7 @@ class PcVmRuntime:
         "active": tf.constant(0, tf.int32),
         "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
         "rows": tf.constant(0, tf.int32),
+        "members": tf.zeros([z + 1], tf.int32),
     }
 
   def _pushed_stacks(self, block):
@@ -408,10 +428,12 @@ class PcVmRuntime:
   def _run_block(self, index, state):
     """Block `index` run on the loop state (`block_runner`): its registers,
     changed bank rows and stack writes packed as its dispatch's other
-    blocks pack theirs, and the rows its model calls computed."""
+    blocks pack theirs, the rows its model calls computed, and the members
+    they were made for: as many as its dispatch's blocks make at most
+    (`_model_calls`), -1 past its own."""
     stacks = state["stacks"]
     before = self._small(state)
-    after, writes, rows = self._runner.run(
+    after, writes, rows, members = self._runner.run(
         index, self.program.blocks[index], before,
         lambda v: self._stacks.view(stacks, v))
     # Every block returns the same writes (switch_case branches must
@@ -422,4 +444,11 @@ class PcVmRuntime:
     z = tf.shape(after["pc_top"])[0]
     return (self._registers.pack(self._banks.rest(after)), changed,
             dispatch.writes.pack(self._stacks.pack(
-                writes, z, dispatch.stack_capacity)), rows)
+                writes, z, dispatch.stack_capacity)), rows,
+            _padded(members, self._model_calls[dispatch.blocks]))
+
+
+def _padded(counts, length):
+  """Scalar int32 `counts` as a vector of `length`, -1 past them."""
+  return tf.stack(counts + [tf.constant(-1)] * (length - len(counts))) if (
+      length) else tf.zeros([0], tf.int32)

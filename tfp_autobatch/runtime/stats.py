@@ -17,6 +17,13 @@ class RunStats:
     under pc:graph and pc:eager; under XLA the smallest of Z, Z/2, ..., 1
     rows (rounded up) that holds them, so there it lies between the
     members and the batch size.
+  batched_primitive_members: how many members each `@batched_primitive`
+    call was made for, as a histogram `{members: calls}` (the
+    program-counter runtime; None where not counted). A guarded call that
+    none of the block's members passed counts under 0 (it computes
+    nothing). Calls made for few members cost more than their share:
+    under XLA they run on the smallest bucket that holds them, and each
+    call pays the model's fixed costs whatever its rows.
   """
   batch_size: int = 0
   steps: int = 0
@@ -24,6 +31,7 @@ class RunStats:
   active_members: int = 0
   max_stack_depth: int = 0
   batched_primitive_rows: object = None
+  batched_primitive_members: object = None
 
   def record_block(self, label, members):
     self.steps += 1
@@ -33,6 +41,14 @@ class RunStats:
   @property
   def mean_active(self):
     return self.active_members / self.steps if self.steps else 0.0
+
+  @property
+  def batched_primitive_calls(self):
+    """`@batched_primitive` calls that computed something (had members);
+    None where not counted."""
+    if self.batched_primitive_members is None:
+      return None
+    return sum(n for k, n in self.batched_primitive_members.items() if k)
 
   @property
   def utilization(self):
