@@ -9,7 +9,7 @@ The VM state is a dict of tensors with batch dimension Z:
   vars[v] = {top [Z, ...], sp [Z]}, stacks[v] [D, Z, ...]
                                            a stacked variable (cached top)
   vars[v] = {stack [D, Z, ...], sp [Z]}    a stacked variable, value at sp
-  overflow [Z], and the statistics counters.
+  overflow [Z], and the statistics counters (`run_counters`).
 
 The big [D, Z, ...] buffers of `stacks` stay out of the blocks' results: a
 block only reads them and returns one `StackWrite` per stack it pushes (the
@@ -53,9 +53,9 @@ from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import block_runner
 from tfp_autobatch.runtime import dispatch as dispatch_lib
 from tfp_autobatch.runtime import register_file
+from tfp_autobatch.runtime import run_counters
 from tfp_autobatch.runtime import schedule as schedule_lib
 from tfp_autobatch.runtime import stack_banks
-from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import variable_store
 from tfp_autobatch.runtime import vectorize
 
@@ -101,6 +101,7 @@ class PcVmRuntime:
     self.stats = None
     self.stats_tensors = None
     self.trace_count = 0
+    self._labels = [b.label for b in program.blocks]
     self._store = variable_store.VariableStore(
         program.stacked, program.cached_top, self.depth)
     self._runner = block_runner.BlockRunner(program, mode, self.kernels,
@@ -119,19 +120,14 @@ class PcVmRuntime:
                f"max_stack_depth={self.depth}; raise max_stack_depth=... in "
                "@tab.batch(max_stack_depth=...)")
     if tf.executing_eagerly():
-      self.stats = self._to_stats(counters, overflow.shape[0])
+      self.stats = run_counters.to_stats(counters, overflow.shape[0],
+                                         self._labels)
       self.stats_tensors = None
       if bool(tf.reduce_any(overflow)):
         raise errors.StackOverflowError(message)
       return result
-    steps, executions, active, high, rows, members = counters
     self.stats = None
-    self.stats_tensors = {
-        "steps": steps, "active_members": active, "max_stack_depth": high,
-        "batched_primitive_rows": rows,
-        "batched_primitive_members": members,
-        "block_executions": {b.label: executions[i] for i, b in
-                             enumerate(self.program.blocks)}}
+    self.stats_tensors = run_counters.to_tensors(counters, self._labels)
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
                                 ["tfp_autobatch: " + message])
     with tf.control_dependencies([check]):
@@ -171,19 +167,6 @@ class PcVmRuntime:
   def _traced(self, *args):
     self.trace_count += 1
     return self._execute(list(args), eager=False)
-
-  def _to_stats(self, counters, batch_size):
-    steps, executions, active, high, rows, members = (np.asarray(c)
-                                                      for c in counters)
-    stats = stats_lib.RunStats(
-        batch_size=int(batch_size), steps=int(steps),
-        active_members=int(active), max_stack_depth=int(high),
-        batched_primitive_rows=int(rows),
-        batched_primitive_members={k: int(n) for k, n in enumerate(members)
-                                   if n})
-    stats.block_executions = {b.label: int(n) for b, n in
-                              zip(self.program.blocks, executions) if n}
-    return stats
 
   # -- the loop -------------------------------------------------------------
 
@@ -236,9 +219,7 @@ class PcVmRuntime:
     result = self._store.value(small["vars"][self.program.result],
                          self.program.result)
     result = _poison(result, small["overflow"])
-    counters = (state["steps"], state["executions"], state["active"],
-                state["high"], state["rows"], state["members"])
-    return result, small["overflow"], counters
+    return result, small["overflow"], state["counters"]
 
   def _small(self, state):
     """The registers, pc and overflow flags, unpacked from the loop state."""
@@ -251,7 +232,8 @@ class PcVmRuntime:
     dispatch is looked up).
 
     A block returns its registers and its stack writes packed (see
-    `register_file`); the run counters are kept here, outside the switch.
+    `register_file`); the run counters (`run_counters`) are kept here,
+    outside the switch.
     """
     stacks = state["stacks"]
     if eager:
@@ -287,26 +269,10 @@ class PcVmRuntime:
         "registers": registers,
         "banks": banks,
         "stacks": self._stacks.apply(stacks, writes, xla=self.mode == "xla"),
-        "steps": state["steps"] + 1,
-        "executions": state["executions"] + tf.one_hot(
-            nxt, self.program.halt, dtype=tf.int32),
-        "active": state["active"] + tf.reduce_sum(
-            tf.cast(tf.equal(pc_top, nxt), tf.int32)),
-        "high": tf.maximum(state["high"], tf.reduce_max(
-            tf.concat([pc_sp, [0]], 0))),
-        "rows": state["rows"] + rows,
-        "members": self._count_members(state["members"], members,
-                                       dispatch),
+        "counters": run_counters.after_step(
+            state["counters"], nxt, self.program.halt, pc_top, pc_sp, rows,
+            members if self._model_calls[dispatch.blocks] else None),
     }
-
-  def _count_members(self, histogram, members, dispatch):
-    """The histogram (entry k: the model calls made for k members) with
-    one block's `members` per call added (-1, no call, adds nothing);
-    unchanged by a dispatch whose blocks make no model calls."""
-    if not self._model_calls[dispatch.blocks]:
-      return histogram
-    return histogram + tf.reduce_sum(
-        tf.one_hot(members, tf.shape(histogram)[0], dtype=tf.int32), 0)
 
   def _no_block(self, state, dispatch):
     """What a block of `dispatch` that changes nothing returns."""
@@ -381,12 +347,7 @@ class PcVmRuntime:
         "registers": self._registers.pack(rest),
         "banks": banks,
         "stacks": self._stacks.initial(stacks),
-        "steps": tf.constant(0, tf.int32),
-        "executions": tf.zeros([p.halt], tf.int32),
-        "active": tf.constant(0, tf.int32),
-        "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
-        "rows": tf.constant(0, tf.int32),
-        "members": tf.zeros([z + 1], tf.int32),
+        "counters": run_counters.initial(z, p.halt),
     }
 
   def _pushed_stacks(self, block):

@@ -1,0 +1,41 @@
+"""The program-counter VM's run counters (`run_counters`) on hand-made
+steps: what `RunStats` reports is what the steps did."""
+import tensorflow as tf
+
+from tfp_autobatch.runtime import run_counters
+
+
+def _two_steps():
+  # Four members, three blocks. Step 1 runs block 1 for the two members
+  # waiting there; it makes one model call for 2 members (its second call
+  # slot unused, -1) on 2 rows and pushes member 1 to depth 2. Step 2 runs
+  # block 2 for one member; its dispatch makes no model calls (None).
+  counters = run_counters.initial(tf.constant(4), num_blocks=3)
+  counters = run_counters.after_step(
+      counters, tf.constant(1), 3, pc_top=tf.constant([1, 1, 2, 0]),
+      pc_sp=tf.constant([1, 2, 1, 1]), rows=tf.constant(2),
+      members=tf.constant([2, -1]))
+  return run_counters.after_step(
+      counters, tf.constant(2), 3, pc_top=tf.constant([0, 0, 2, 0]),
+      pc_sp=tf.constant([1, 1, 1, 1]), rows=tf.constant(0), members=None)
+
+
+def test_counters_become_the_run_statistics():
+  stats = run_counters.to_stats(_two_steps(), 4, ["a", "b", "c"])
+  assert stats.batch_size == 4 and stats.steps == 2
+  assert stats.block_executions == {"b": 1, "c": 1}
+  assert stats.active_members == 3 and stats.utilization == 3 / 8
+  assert stats.max_stack_depth == 2
+  assert stats.batched_primitive_rows == 2
+  assert stats.batched_primitive_members == {2: 1}
+  assert stats.batched_primitive_calls == 1
+
+
+def test_counters_traced_keep_the_field_names():
+  tensors = run_counters.to_tensors(_two_steps(), ["a", "b", "c"])
+  assert int(tensors["steps"]) == 2
+  assert int(tensors["max_stack_depth"]) == 2
+  assert tensors["batched_primitive_members"].numpy().tolist() == [
+      0, 0, 1, 0, 0]
+  assert {k: int(v) for k, v in tensors["block_executions"].items()} == {
+      "a": 0, "b": 1, "c": 1}
