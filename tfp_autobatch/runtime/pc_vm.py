@@ -143,7 +143,8 @@ class PcVmRuntime:
     gathers every row by its index (a gather XLA does not remove, and
     repeats inside the fused kernels that read it): one NUTS transition
     on the 100-d Gaussian at 4 chains went from 5.7 to 4.1 ms in an
-    in-process A/B (README, "Cost of a VM step"). A batch of unknown size
+    in-process A/B (benchmarks/results/HISTORY.md, "Cost of a VM step,
+    change by change"). A batch of unknown size
     (inside a caller's `tf.function` with unknown shapes) gets the
     unknown-size trace.
     """
