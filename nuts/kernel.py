@@ -102,9 +102,25 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     self._programs = {}
     self._gradient_labels = {}
     self._compiled_step = None
-    self.last_run_stats = None
+    # Shared with this kernel's copies (see `copy`).
+    self._last_run_stats = [None]
 
   # -- properties -------------------------------------------------------------
+
+  @property
+  def last_run_stats(self):
+    """The `tab.RunStats` of the batched program's last eager `one_step`
+    (None after a traced one), taken by this kernel or by a copy of it:
+    wrappers such as `tfp.mcmc.TransformedTransitionKernel` run a copy
+    (`copy`) with their own target."""
+    return self._last_run_stats[0]
+
+  def copy(self, **override_parameter_kwargs):
+    """A kernel with some parameters replaced (as `tfp.mcmc` kernels'
+    `copy`), sharing `last_run_stats` with this one."""
+    copied = super().copy(**override_parameter_kwargs)
+    copied._last_run_stats = self._last_run_stats   # pylint: disable=protected-access
+    return copied
 
   @property
   def parameters(self):
@@ -280,8 +296,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
                                              [num_chains]),
                      flat(grads), step, chain_keys, backend=self.backend)
-    self.last_run_stats = stats = (nuts_steps.last_stats
-                                   if tf.executing_eagerly() else None)
+    self._last_run_stats[0] = stats = (nuts_steps.last_stats
+                                       if tf.executing_eagerly() else None)
 
     def unflat(x):
       return [tf.reshape(v, tf.concat([chain_shape, s], 0))

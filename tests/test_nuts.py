@@ -471,3 +471,24 @@ def test_unrolled_leapfrogs_and_list_state_match_reference():
     np.testing.assert_allclose(np.append(x[c], y[c]), q, rtol=1e-10,
                                atol=1e-12)
     assert results.leapfrogs_taken[c] == stats[0]["num_leapfrogs"]
+
+
+def test_run_stats_of_a_wrapped_kernel_reach_the_kernel_the_user_made():
+  # TransformedTransitionKernel runs a copy of our kernel (with the target
+  # it transforms); that copy's eager step is what `last_run_stats` of the
+  # kernel the user made reports (it used to stay None).
+  ours = nuts.NoUTurnSampler(gaussian_log_prob, 0.2, max_tree_depth=3,
+                             backend="pc:eager")
+  wrapped = tfp.mcmc.TransformedTransitionKernel(ours, tfb.Identity())
+  init = tf.constant(INIT)
+  _, results = wrapped.one_step(init, wrapped.bootstrap_results(init),
+                                seed=[1, 2])
+  stats = ours.last_run_stats
+  assert stats is not None and stats.batch_size == len(INIT)
+  # Every chain's leapfrog is one row of one gradient call.
+  used = int(tf.reduce_sum(results.inner_results.leapfrogs_taken))
+  assert sum(k * n for k, n in stats.batched_primitive_members.items()) == (
+      used)
+  # A copy with a parameter replaced shares it too; a new kernel does not.
+  assert ours.copy(max_tree_depth=2).last_run_stats is stats
+  assert nuts.NoUTurnSampler(gaussian_log_prob, 0.2).last_run_stats is None

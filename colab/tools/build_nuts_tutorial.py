@@ -225,6 +225,52 @@ itself is expensive. What ours buys is the program: NUTS as the
 paper writes it, recursion included, batched without hand-written masking.
 See the README for the kernel's arguments and what it adds
 (`num_trajectories_per_step` trajectory fusion, `gradient_utilization`)."""),
+md("""## 7. Where the gradients go: stragglers and trajectory fusion
+
+Chains take trajectories of different lengths, so in a batched step a few
+*stragglers* keep walking after the others have finished. Each gradient
+call then runs for only those few chains. Run eagerly, our kernel keeps
+the run statistics of its last step (`last_run_stats`). Among them,
+`batched_primitive_members` is a histogram `{chains: calls}`: how many
+chains each gradient call was made for.
+
+With `num_trajectories_per_step=10` (trajectory fusion), one `one_step`
+advances every chain by ten trajectories in one batched program. A chain
+that finishes a short trajectory starts its next one instead of waiting,
+so calls for a handful of chains become rare. They remain only at the
+end, where the last chains finish their tenth trajectory.
+`gradient_utilization` (useful over computed gradients) is in the kernel
+results."""),
+code("""chains = 8 if SMALL else 64
+start_at = np.random.default_rng(7).integers(0, len(pool[0]), chains)
+init = [tf.gather(x, start_at) for x in pool]
+for k in (1, 10):
+    ours = nuts.NoUTurnSampler(target_log_prob, step_size=step_size,
+                               max_tree_depth=MAX_TREE_DEPTH, num_trajectories_per_step=k)
+    kernel = tfp.mcmc.TransformedTransitionKernel(ours, bijectors)
+    _, results = kernel.one_step(init, kernel.bootstrap_results(init), seed=(5, 6))  # eager
+    calls = ours.last_run_stats.batched_primitive_members   # {chains: calls}
+    def count(keep):
+        return sum(n for members, n in calls.items() if members and keep(members))
+    print(f"{k:2d} trajectories a step: {count(lambda m: True)} gradient calls: "
+          f"{count(lambda m: m == chains)} for all {chains} chains, "
+          f"{count(lambda m: chains / 2 <= m < chains)} for half of them or more, "
+          f"{count(lambda m: 4 <= m < chains / 2)} for fewer, "
+          f"{count(lambda m: m < 4)} for 1-3; gradient utilisation "
+          f"{float(results.inner_results.gradient_utilization):.2f}")"""),
+md("""Unfused, the step waits on its longest trajectory: the last gradient
+calls run for the few chains still walking, and most calls run for a
+part of the batch. Fused, a chain that finishes a trajectory starts its
+next one, so more of each call's rows do useful work and the utilisation
+rises. Calls for a handful of chains remain at the very end, while the
+last chains finish their tenth trajectory.
+
+Under `pc:xla` a call made for a few chains runs on a few rows: they are
+gathered into the smallest of 64, 32, ..., 1 rows that holds them. Such
+a call is cheap, but it still pays the model's fixed cost per call, so
+fusion pays most where the model is expensive. The README's benchmarks
+count these calls for the paper's logistic regression
+(`python -m benchmarks.nuts_vm_steps`)."""),
 ]
 
 if __name__ == "__main__":
