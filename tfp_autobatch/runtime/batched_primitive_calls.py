@@ -41,8 +41,8 @@ def member_bucket_sizes(z, static_z):
 
 
 def on_members_in_buckets(kernel, z, members, ins, skip):
-  """`(kernel's outputs on all Z rows, rows computed)`, computing only on
-  the members' rows gathered into the smallest bucket (see
+  """`(kernel's outputs on all Z rows, rows computed, members)`, computing
+  only on the members' rows gathered into the smallest bucket (see
   `member_bucket_sizes`) that holds them; the outputs of the other rows
   are junk, which the block discards. With no members (a guarded call
   whose guard holds for none) it computes nothing and returns `skip()`.
@@ -71,7 +71,7 @@ def on_members_in_buckets(kernel, z, members, ins, skip):
   index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
   outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
                               + [skip])
-  return opaque_to_constant_inference(outs), rows
+  return opaque_to_constant_inference(outs), rows, count
 
 
 def _to_all_rows(outs, members, size):
@@ -85,8 +85,8 @@ def _to_all_rows(outs, members, size):
 
 
 def on_members_exactly(kernel, members, ins, skip, eager):
-  """`(kernel's outputs on all Z rows, rows computed)`, computing on the
-  members' rows only, gathered (eager and graph modes, where shapes may
+  """`(kernel's outputs on all Z rows, rows computed, members)`, computing
+  on the members' rows only, gathered (eager and graph modes, where shapes may
   vary from call to call). The other rows get a member's outputs: junk,
   which the block discards, but values the model made, so nothing raises
   on them. With no members it computes nothing and returns `skip()`."""
@@ -98,8 +98,10 @@ def on_members_exactly(kernel, members, ins, skip, eager):
     return _to_all_rows(kernel(count, *taken), members, count), count
 
   if eager:
-    return compute() if int(count) else skip()
-  return tf.cond(count > 0, compute, skip)
+    outs, computed = compute() if int(count) else skip()
+  else:
+    outs, computed = tf.cond(count > 0, compute, skip)
+  return outs, computed, count
 
 
 def opaque_to_constant_inference(values):

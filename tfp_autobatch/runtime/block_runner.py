@@ -129,39 +129,49 @@ class BlockRunner:
       """The members an op runs for: the block's, less a guard's."""
       return active if guard is None else tf.logical_and(active, guard)
 
+    def kernel_of(op):
+      return self.kernels.get(op, [p.types[v] for v in op.ins],
+                              [p.types[v] for v in op.outs],
+                              batch_size=None if op.batched else static_z)
+
+    def zeros(op):
+      """Outputs where nothing was computed: zeros, which no member
+      reads."""
+      return [types_lib.zeros(p.types[v], z) for v in op.outs]
+
+    def model_call(op, guard):
+      """`(values on every row, rows computed, members)` of a
+      @batched_primitive: it runs on its members (the block's, less a
+      guard's) gathered, and not at all without members (see
+      `batched_primitive_calls`)."""
+      ins = [read(v) for v in op.ins]
+      skip = lambda: (zeros(op), 0)
+      if self.mode == "xla":
+        return batched_primitive_calls.on_members_in_buckets(
+            kernel_of(op), z, members(guard), ins, skip)
+      return batched_primitive_calls.on_members_exactly(
+          kernel_of(op), members(guard), ins, skip,
+          eager=self.mode == "eager")
+
     def primitive(op, guard):
-      """`(values, rows computed)` of a primitive, on every row. A
-      @batched_primitive runs on its members (the block's, less a
-      guard's) gathered, and not at all without members: see
-      `batched_primitive_calls`. Another primitive runs on every row;
-      with a guard, for its members only: under XLA it still runs on
+      """The values of another primitive, on every row. It runs on every
+      row; with a guard, for its members only: under XLA it still runs on
       every row like the rest of the block; elsewhere user code may
       raise on the rows that would not have run it (an index past the
       end that the guard tests for), so those rows get a guarded
       member's inputs, and nothing runs when no member is guarded in."""
       ins = [read(v) for v in op.ins]
-      kernel = self.kernels.get(op, [p.types[v] for v in op.ins],
-                                [p.types[v] for v in op.outs],
-                                batch_size=None if op.batched else static_z)
-      def skip():
-        """Nothing computed: zeros, which no member reads."""
-        return [types_lib.zeros(p.types[v], z) for v in op.outs], 0
-      if self.mode == "xla" and op.batched:
-        return batched_primitive_calls.on_members_in_buckets(
-            kernel, z, members(guard), ins, skip)
-      if op.batched:
-        return batched_primitive_calls.on_members_exactly(
-            kernel, members(guard), ins, skip, eager=self.mode == "eager")
+      kernel = kernel_of(op)
       if guard is None or self.mode == "xla":
-        return kernel(z, *ins), z
+        return kernel(z, *ins)
       runs = members(guard)
       source_g = _row_sources(runs)
       def compute():
         return list(kernel(z, *tf.nest.map_structure(
-            lambda x: tf.gather(x, source_g), ins))), z
+            lambda x: tf.gather(x, source_g), ins)))
       if self.mode == "eager":
-        return compute() if bool(tf.reduce_any(runs)) else skip()
-      return tf.cond(tf.reduce_any(runs), compute, skip)
+        return compute() if bool(tf.reduce_any(runs)) else zeros(op)
+      return tf.cond(tf.reduce_any(runs), compute, lambda: zeros(op))
 
     def assign(outs, values, guard):
       for v, value in zip(outs, values):
@@ -174,11 +184,12 @@ class BlockRunner:
       """One op, for the members of `guard` (all of them if None)."""
       match op:
         case ir2.Primitive(outs, _, _, batched):
-          values, rows = primitive(op, guard)
           if batched:
+            values, rows, count = model_call(op, guard)
             model_rows.append(rows)
-            model_members.append(tf.reduce_sum(
-                tf.cast(members(guard), tf.int32)))
+            model_members.append(count)
+          else:
+            values = primitive(op, guard)
           assign(outs, values, guard)
         case ir2.Move(outs, ins):
           assign(outs, [vectorize.conform(read(v), p.types[v2])
