@@ -536,3 +536,54 @@ def test_profile_charges_every_kernel_to_a_block_the_loop_or_around(
             text.split("\nkernel ", 1)[1].splitlines()[1:]
             if line.strip() and not line.startswith("wrote ")]
   assert listed == [k["name"] for k in record["kernels"][:5]]
+
+
+def test_fixed_costs_loop_calls_the_model_once_per_leapfrog_like_update():
+  """benchmarks.nuts_fixed_costs times `calls` model calls in one compiled
+  loop: each call is on the state the previous gradient moved (so XLA
+  cannot hoist it), and the log densities summed are those of the same
+  updates made one call at a time."""
+  from benchmarks import nuts_fixed_costs
+  problem = nuts_problems.make_problem("logistic_regression", num_dims=3,
+                                       num_data=20)
+  q0 = tf.constant(problem.initial_state(2))
+  q, total = nuts_fixed_costs.gradient_loop(problem, calls=4)(q0)
+  expected_q, expected_total = q0, tf.zeros([2])
+  for _ in range(4):
+    logp, grad = nuts_systems.value_and_gradient(problem.target_log_prob,
+                                                 expected_q)
+    expected_q += nuts_fixed_costs._STEP * grad
+    expected_total += logp
+  np.testing.assert_allclose(q, expected_q, rtol=1e-5)
+  np.testing.assert_allclose(total, expected_total, rtol=1e-5)
+  assert not np.allclose(q, q0)
+  with pytest.raises(ValueError, match="calls must be at least 1"):
+    nuts_fixed_costs.measure_gradient(problem, rows=1, calls=0, warmup=0,
+                                      repeats=1)
+
+
+def test_fixed_costs_benchmark_records_gradient_and_call_per_row_count(
+    tmp_path, capsys):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from benchmarks import nuts_fixed_costs
+  output = str(tmp_path / "fixed.json")
+  fv = nuts_fixed_costs.define_flags(flags.FlagValues())
+  fv(["nuts_fixed_costs", "--num_dims=3", "--num_data=20", "--rows=1,3",
+      "--calls=5", "--warmup=0", "--repeats=2", "--output=" + output])
+  returned = nuts_fixed_costs.run_from_flags(fv)
+  with open(output) as f:
+    records = json.load(f)["records"]
+  assert records == returned
+  assert [(r["cost"], r.get("rows", r.get("chains"))) for r in records] == [
+      ("gradient", 1), ("call", 1), ("gradient", 3), ("call", 3)]
+  for r in records:
+    assert 0 < r["min_ms_per_call"] <= r["median_ms_per_call"]
+  # The call carries the state and every field of the kernel results.
+  import nuts  # pylint: disable=g-import-not-at-top
+  problem = nuts_problems.make_problem("logistic_regression", num_dims=3,
+                                       num_data=20)
+  state = tf.constant(problem.initial_state(1))
+  results = nuts.NoUTurnSampler(problem.target_log_prob,
+                                0.1).bootstrap_results(state)
+  assert records[1]["tensors_in"] == len(tf.nest.flatten((state, results)))
+  assert "rows=3: gradient" in capsys.readouterr().out
