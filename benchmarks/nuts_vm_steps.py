@@ -173,9 +173,12 @@ def problem_from_flags(fv):
 
 
 def write_results(path, **payload):
-  """Writes `payload` and the machine's description as JSON to `path`."""
+  """Writes `payload` and the machine's description as JSON to `path`.
+  The description is taken first: a new results file in the working tree
+  would make its commit read "+dirty"."""
+  record = dict(machine=machine_lib.machine_info(), **payload)
   with open(path, "w") as f:
-    json.dump(dict(machine=machine_lib.machine_info(), **payload), f, indent=1)
+    json.dump(record, f, indent=1)
   print(f"wrote {path}")
 
 

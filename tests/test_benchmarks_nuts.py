@@ -587,3 +587,19 @@ def test_fixed_costs_benchmark_records_gradient_and_call_per_row_count(
                                 0.1).bootstrap_results(state)
   assert records[1]["tensors_in"] == len(tf.nest.flatten((state, results)))
   assert "rows=3: gradient" in capsys.readouterr().out
+
+
+def test_results_record_the_machine_before_creating_their_file(
+    tmp_path, monkeypatch):
+  """The machine's description (with the git commit, "+dirty" when the
+  tree has untracked files) is taken before the results file exists."""
+  from benchmarks import machine as machine_lib
+  from benchmarks import nuts_vm_steps
+  path = tmp_path / "results.json"
+  seen = []
+  monkeypatch.setattr(machine_lib, "machine_info",
+                      lambda: seen.append(path.exists()) or {"git": "x"})
+  nuts_vm_steps.write_results(str(path), records=[1])
+  assert seen == [False]
+  with open(path) as f:
+    assert json.load(f) == {"machine": {"git": "x"}, "records": [1]}
