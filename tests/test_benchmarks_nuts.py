@@ -231,6 +231,25 @@ def test_too_slow_system_stops_while_the_others_go_on(monkeypatch):
       ("tfp_iterative", 3)]
 
 
+def test_our_step_counts_every_chains_leapfrogs_and_seeds_like_a_tensor():
+  """A step of ours reports the leapfrogs of all its chains (summed from
+  the kernel results after the step) and is seeded with `[seed, i]`, the
+  seed a step inside one compiled call gets."""
+  problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
+  init = problem.initial_state(3)
+  settings = _tiny_settings()
+  stepper = nuts_systems.make_stepper("pc:graph", problem, settings, init)
+  outcome = stepper.step(0)
+  results = stepper._carry[1]
+  leapfrogs = results.leapfrogs_taken.numpy()
+  assert leapfrogs.shape == (3,)
+  assert outcome.grads_used == leapfrogs.sum() > leapfrogs.max()
+  assert outcome.grads_computed == int(results.num_grads_computed)
+  for i in (4, tf.constant(4)):
+    np.testing.assert_array_equal(nuts_systems._seed(settings, i),
+                                  [settings.seed, 4])
+
+
 @pytest.mark.slow  # pc:xla compiled twice at a tiny size: ~1 min
 def test_steps_in_one_call_are_the_steps_of_one_call_each():
   # `--steps_per_call`: a kernel's steps in one compiled tf.while_loop give
