@@ -51,9 +51,11 @@ FixedTransition = collections.namedtuple("FixedTransition", [
 
 
 def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
-                     chains_known_at_trace=True):
+                     chains_known_at_trace=True, jit_compile=False):
   """One NUTS transition from the same state with the same seed at every
-  call, so the same work each time (what the VM benchmarks take apart)."""
+  call, so the same work each time (what the VM benchmarks take apart),
+  traced in a `tf.function` compiled with XLA as a whole if
+  `jit_compile`."""
   kernel = nuts.NoUTurnSampler(
       problem.target_log_prob, problem.step_size, backend=backend,
       num_trajectories_per_step=num_trajectories)
@@ -65,7 +67,8 @@ def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
     signature = tf.nest.map_structure(lambda x: _unknown_chains(x, chains),
                                       [state, results, seed])
   step = tf.function(lambda state, results, seed: kernel.one_step(
-      state, results, seed=seed), input_signature=signature)
+      state, results, seed=seed), input_signature=signature,
+                     jit_compile=jit_compile)
 
   def run():
     out = step(state, results, seed)[1]
@@ -95,10 +98,10 @@ def time_transitions(transition, warmup, repeats):
 
 
 def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
-            chains_known_at_trace=True):
+            chains_known_at_trace=True, jit_compile=False):
   """One record: VM steps and timings of one fixed transition."""
   transition = fixed_transition(problem, chains, num_trajectories, backend,
-                                chains_known_at_trace)
+                                chains_known_at_trace, jit_compile)
   out, first, times = time_transitions(transition, warmup, repeats)
   transition.run_eagerly()
   stats = transition.kernel.last_run_stats
@@ -106,6 +109,7 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
   return {
       "problem": problem.name, "backend": backend, "batch_size": chains,
       "chains_known_at_trace": chains_known_at_trace,
+      "jit_compile": jit_compile,
       "num_trajectories_per_step": num_trajectories,
       "num_dims": problem.num_dims, "warmup": warmup,
       "vm_steps": steps,
@@ -160,6 +164,12 @@ def define_flags(flag_values=None):
                     "[None, ...] signatures, where pc:xla runs its trace for "
                     "any batch size instead of one per size.",
                     flag_values=fv)
+  flags.DEFINE_bool("jit_compile", False,
+                    "Trace the transition in a tf.function with "
+                    "jit_compile=True, as a sample_chain user is advised "
+                    "to (one XLA program, no hop from TensorFlow's "
+                    "executor into the kernel's XLA computation); false: "
+                    "a plain tf.function.", flag_values=fv)
   flags.DEFINE_string("output", None, "JSON file for the results.",
                       flag_values=fv)
   return fv
@@ -189,7 +199,7 @@ def run_from_flags(fv):
   for chains in [int(b) for b in fv.batch_sizes]:
     r = measure(problem, chains, fv.num_trajectories_per_step,
                 fv.repeats, fv.backend, fv.warmup,
-                fv.chains_known_at_trace)
+                fv.chains_known_at_trace, fv.jit_compile)
     records.append(r)
     print(f"{r['problem']} d={r['num_dims']} chains={chains} "
           f"k={r['num_trajectories_per_step']}: {r['vm_steps']} VM steps, "

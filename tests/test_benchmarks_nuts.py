@@ -510,6 +510,25 @@ def test_vm_steps_benchmark_times_the_same_transition_with_chains_unknown():
   assert known["vm_steps"] == unknown["vm_steps"]
 
 
+def test_vm_steps_benchmark_times_the_same_transition_compiled_whole():
+  """--jit_compile traces the transition in a jit_compile tf.function (as
+  users are advised to run sample_chain): the same transition."""
+  from benchmarks import nuts_vm_steps
+  problem = nuts_problems.make_problem("correlated_gaussian", num_dims=3)
+  plain, whole = (
+      nuts_vm_steps.measure(problem, chains=2, num_trajectories=1, repeats=1,
+                            backend="pc:xla", warmup=0, jit_compile=jit)
+      for jit in (False, True))
+  assert (plain["jit_compile"], whole["jit_compile"]) == (False, True)
+  assert plain["leapfrogs"] == whole["leapfrogs"] > 0
+  assert plain["vm_steps"] == whole["vm_steps"]
+  transition = nuts_vm_steps.fixed_transition(problem, 2, 1, "pc:xla",
+                                              jit_compile=True)
+  np.testing.assert_allclose(transition.run().target_log_prob,
+                             transition.run_eagerly().target_log_prob,
+                             rtol=1e-5)
+
+
 def test_profile_charges_every_kernel_to_a_block_the_loop_or_around(
     tmp_path, capsys):
   """benchmarks.nuts_profile (driven by its flags): the profiled kernels
