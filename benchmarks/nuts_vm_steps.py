@@ -66,9 +66,10 @@ def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
   if not chains_known_at_trace:
     signature = tf.nest.map_structure(lambda x: _unknown_chains(x, chains),
                                       [state, results, seed])
-  step = tf.function(lambda state, results, seed: kernel.one_step(
-      state, results, seed=seed), input_signature=signature,
-                     jit_compile=jit_compile)
+  step = tf.function(
+      lambda state, results, seed: kernel.one_step(state, results,
+                                                   seed=seed),
+      input_signature=signature, jit_compile=jit_compile)
 
   def run():
     out = step(state, results, seed)[1]
