@@ -42,6 +42,24 @@ def test_pack_unpack_round_trip_and_layout():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_one_leaf_unpacked_alone_is_that_leaf_of_the_whole(enabled):
+  """`unpack_leaf` reads one leaf from the files, also past the first
+  chunk of a file of many leaves (each chunk padded to one width)."""
+  many = {f"r{i:02d}": tf.reshape(tf.range(3 * (1 + i % 3), dtype=tf.int32)
+                                  + 100 * i, [3, 1 + i % 3])
+          for i in range(21)}
+  for example in (_example(), dict(_example(), many=many)):
+    packing = register_file.RegisterFile(example, enabled=enabled)
+    files, loose = packing.pack(example)
+    if enabled and "many" in example:
+      assert len(packing._chunks["int32"]) > 1
+    for i, want in enumerate(tf.nest.flatten(example)):
+      got = packing.unpack_leaf(files, loose, i)
+      assert got.dtype == want.dtype
+      np.testing.assert_array_equal(got, want)
+
+
 def test_unknown_batch_size_inside_a_graph():
   example = _example()
   packing = register_file.RegisterFile(example)

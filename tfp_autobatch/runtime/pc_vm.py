@@ -186,9 +186,11 @@ class PcVmRuntime:
       def run(dispatch):
         def body(nxt, state):
           state = self._step(nxt, state, eager=False, dispatch=dispatch)
-          return self.schedule.next_block(self._small(state)["pc_top"]), state
+          return (self.schedule.next_block(self._register(state, "pc_top")),
+                  state)
         return body
-      start = (self.schedule.next_block(self._small(state)["pc_top"]), state)
+      start = (self.schedule.next_block(self._register(state, "pc_top")),
+               state)
       if len(self._dispatches) == 1:
         _, state = tf.while_loop(lambda nxt, state: nxt < halt,
                                  run(self._dispatches[0]), start)
@@ -227,6 +229,13 @@ class PcVmRuntime:
     return self._banks.join(state["banks"],
                             self._registers.unpack(*state["registers"]))
 
+  def _register(self, state, name):
+    """`pc_top` or `pc_sp` alone from the loop state, without unpacking
+    the rest (`_small` builds every leaf: a few hundred ops for the trace
+    each time, about a fifth of a NUTS trace's ops before)."""
+    return self._registers.unpack_leaf(*state["registers"],
+                                       self._pc_positions[name])
+
   def _step(self, nxt, state, eager, dispatch=None):
     """Runs block `nxt`, then applies its stack writes outside the block;
     `nxt` is one of `dispatch`'s blocks (a tensor; eagerly an int, whose
@@ -264,8 +273,8 @@ class PcVmRuntime:
       registers, bank_writes, packed_writes, rows, members = outputs
     writes = dispatch.writes.unpack(*packed_writes)
     banks = self._banks.apply(state["banks"], bank_writes)
-    pc_top = self._small(state)["pc_top"]
-    pc_sp = self._small({"banks": banks, "registers": registers})["pc_sp"]
+    pc_top = self._register(state, "pc_top")
+    pc_sp = self._register({"registers": registers}, "pc_sp")
     return {
         "registers": registers,
         "banks": banks,
@@ -276,11 +285,15 @@ class PcVmRuntime:
     }
 
   def _no_block(self, state, dispatch):
-    """What a block of `dispatch` that changes nothing returns."""
-    small = self._small(state)
-    z = tf.shape(small["pc_top"])[0]
-    return (self._registers.pack(self._banks.rest(small)),
-            self._banks.changes(small, small, frozenset(),
+    """What a block of `dispatch` that changes nothing returns: the packed
+    registers as they are (unpacking and packing them again would cost the
+    trace a few hundred ops), and writes that write nothing."""
+    # Only the banked leaves are read (by `changes`, for the padding).
+    banked = self._banks.join(state["banks"],
+                              [None] * self._registers.num_leaves)
+    z = tf.shape(self._register(state, "pc_top"))[0]
+    return (state["registers"],
+            self._banks.changes(banked, banked, frozenset(),
                                 dispatch.bank_capacity),
             dispatch.writes.pack(self._stacks.pack({}, z,
                                                    dispatch.stack_capacity)),
@@ -334,6 +347,10 @@ class PcVmRuntime:
     self._changed = self._changed_positions(owners)
     self._registers = register_file.RegisterFile(
         rest, enabled=pack and p.cached_top)
+    # Where the pc's leaves are among the registers (never banked: ints).
+    self._pc_positions = {
+        name: next(i for i, leaf in enumerate(rest) if leaf is small[name])
+        for name in ("pc_top", "pc_sp")}
     self._stacks = stack_banks.StackBanks(stacks, d,
                                           enabled=pack and p.cached_top)
     self._dispatches = dispatch_lib.group_blocks(

@@ -76,6 +76,18 @@ class RegisterFile:
                                       if slot is not None
                                       and slot.file.name == key])
                     for key in self.widths}
+    # Each packed leaf's first column in its file (chunks laid out in turn,
+    # each followed by its padding), for `unpack_leaf`.
+    self._columns = {}
+    for key, chunks in self._chunks.items():
+      leaves = iter(i for i, slot in enumerate(self._slots)
+                    if slot is not None and slot.file.name == key)
+      start = 0
+      for chunk, padding in chunks:
+        for width in chunk:
+          self._columns[next(leaves)] = start
+          start += width
+        start += padding
 
   @staticmethod
   def _chunk(widths):
@@ -141,6 +153,24 @@ class RegisterFile:
                                          [-1] + slot.event_shape),
                               slot.dtype))
     return tf.nest.pack_sequence_as(self.structure, leaves)
+
+
+  @property
+  def num_leaves(self):
+    """The leaves of the packed nest."""
+    return len(self._slots)
+
+  def unpack_leaf(self, files, loose, index):
+    """Leaf `index` (its flat position) of the nest packed by `pack`,
+    alone: one slice of its file, where `unpack` rebuilds every leaf (the
+    VM reads the pc this way, which would otherwise cost the trace a few
+    hundred ops each time)."""
+    slot = self._slots[index]
+    if slot is None:
+      return loose[sum(s is None for s in self._slots[:index])]
+    start = self._columns[index]
+    column = files[slot.file.name][:, start:start + slot.width]
+    return tf.cast(tf.reshape(column, [-1] + slot.event_shape), slot.dtype)
 
 
 class RegisterBanks:
