@@ -11,8 +11,9 @@ transition takes (blocks executed, from the backend's run statistics), the
 leapfrog steps it computes, its model (gradient) calls and how many chains
 each was made for, and the fastest and median time of the
 transition traced in `tf.function` after `--warmup` untimed ones (XLA
-compiled kernels start slow), hence microseconds per VM step, and the
-first call's seconds (conversion, tracing and XLA compilation). With
+compiled kernels start slow), hence microseconds per VM step, the
+first call's seconds (conversion, tracing and XLA compilation) and the
+TensorFlow ops the trace built (`traced_ops`). With
 `--num_data` small, the logistic regression's gradient is nearly free and
 what remains is the VM's own cost.
 """
@@ -47,7 +48,18 @@ FixedTransition = collections.namedtuple("FixedTransition", [
                   # kernel results
     "run_eagerly",  # run_eagerly(): the same, eagerly (for the kernel's
                     # run statistics, `kernel.last_run_stats`)
+    "concrete",   # concrete(): the traced tf.function's concrete function
 ])
+
+
+def traced_ops(concrete):
+  """The TensorFlow ops a trace built: the nodes of a concrete function's
+  graph and of every function it calls (the VM's loops, conditionals and
+  kernels are functions of their own). What tracing, and the first call's
+  conversion to XLA, cost grows with."""
+  graph_def = concrete.graph.as_graph_def()
+  return len(graph_def.node) + sum(len(f.node_def)
+                                   for f in graph_def.library.function)
 
 
 def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
@@ -78,7 +90,9 @@ def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
 
   def run_eagerly():
     return kernel.one_step(state, results, seed=seed)[1]
-  return FixedTransition(kernel, state, results, run, run_eagerly)
+  return FixedTransition(kernel, state, results, run, run_eagerly,
+                         lambda: step.get_concrete_function(state, results,
+                                                            seed))
 
 
 def time_transitions(transition, warmup, repeats):
@@ -122,6 +136,7 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
       "chains_per_model_call": {
           str(k): n for k, n in sorted(stats.batched_primitive_members.items())},
       "first_call_sec": first,
+      "traced_ops": traced_ops(transition.concrete()),
       "min_sec": min(times), "median_sec": float(np.median(times)),
       "us_per_vm_step": float(np.median(times)) / steps * 1e6,
   }
@@ -208,7 +223,7 @@ def run_from_flags(fv):
           f"median {r['median_sec'] * 1e3:.2f} ms"
           f" (fastest {r['min_sec'] * 1e3:.2f} ms), "
           f"{r['us_per_vm_step']:.1f} us per VM step; first call "
-          f"{r['first_call_sec']:.1f} s")
+          f"{r['first_call_sec']:.1f} s, {r['traced_ops']:,} ops traced")
   if fv.output:
     write_results(fv.output, records=records)
   return records

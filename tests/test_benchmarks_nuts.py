@@ -490,6 +490,12 @@ def test_vm_steps_benchmark_counts_steps_of_one_fixed_transition():
   assert record["model_calls"] == sum(n for k, n in calls.items() if k)
   assert set(calls) <= {0, 1, 2}
   assert 0 < record["min_sec"] <= record["median_sec"]
+  # The ops of the VM's loops and blocks, which are functions of their own,
+  # are counted with the step's.
+  transition = nuts_vm_steps.fixed_transition(problem, 2, 1, "pc:graph")
+  transition.run()
+  outer = len(transition.concrete().graph.as_graph_def().node)
+  assert record["traced_ops"] > 3 * outer > 0
   assert record["us_per_vm_step"] == pytest.approx(
       record["median_sec"] / record["vm_steps"] * 1e6)
 
