@@ -154,7 +154,6 @@ class RegisterFile:
                               slot.dtype))
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
-
   @property
   def num_leaves(self):
     """The leaves of the packed nest."""
