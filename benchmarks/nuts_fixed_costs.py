@@ -23,10 +23,9 @@ everything `pc:xla` runs:
   and what `benchmarks.nuts --steps_per_call` pays once per call.
 
 Each is timed `--repeats` times after `--warmup` untimed calls (XLA's
-kernels start slow); a record keeps the fastest and the median.
+kernels start slow; `nuts_vm_steps.time_calls`); a record keeps the
+fastest and the median.
 """
-import time
-
 from absl import flags
 import numpy as np
 import tensorflow as tf
@@ -69,23 +68,6 @@ def pass_through():
       jit_compile=True)
 
 
-def _timed(call, warmup, repeats):
-  """`(first call's seconds, seconds of each of `repeats` calls)` of
-  `call()`, timed after `warmup` untimed calls; `call` ends by reading a
-  result into NumPy (so that the work is done when it returns)."""
-  start = time.perf_counter()
-  call()
-  first = time.perf_counter() - start
-  for _ in range(warmup):
-    call()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - start)
-  return first, times
-
-
 def measure_gradient(problem, rows, calls, warmup, repeats):
   """One record: the model's value and gradient on `rows` rows, per call
   inside a compiled loop of `calls` calls."""
@@ -93,8 +75,8 @@ def measure_gradient(problem, rows, calls, warmup, repeats):
     raise ValueError(f"calls must be at least 1, not {calls}")
   run = gradient_loop(problem, calls)
   q = tf.constant(problem.initial_state(rows))
-  first, times = _timed(lambda: [t.numpy() for t in run(q)], warmup,
-                        repeats)
+  _, first, times = nuts_vm_steps.time_calls(
+      lambda: [t.numpy() for t in run(q)], warmup, repeats)
   return {
       "cost": "gradient", "problem": problem.name, "rows": rows,
       "num_dims": problem.num_dims, "calls_per_loop": calls,
@@ -114,7 +96,7 @@ def measure_call(problem, chains, warmup, repeats):
 
   def call():
     return run(state, results)[0].numpy()
-  first, times = _timed(call, warmup, repeats)
+  _, first, times = nuts_vm_steps.time_calls(call, warmup, repeats)
   return {
       "cost": "call", "problem": problem.name, "chains": chains,
       "num_dims": problem.num_dims,

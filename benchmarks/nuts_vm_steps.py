@@ -95,21 +95,28 @@ def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
                                                             seed))
 
 
-def time_transitions(transition, warmup, repeats):
-  """`(kernel results, first call's seconds, seconds of each of `repeats`
-  calls)` of a `FixedTransition`, timed after `warmup` untimed calls
-  (XLA-compiled kernels run slower for their first few calls)."""
+def time_calls(call, warmup, repeats):
+  """`(first call's result, its seconds, seconds of each of `repeats`
+  calls)` of `call()`, timed after `warmup` untimed calls (XLA-compiled
+  kernels run slower for their first few calls); `call` ends by reading a
+  result into NumPy, so that the work is done when it returns."""
   start = time.perf_counter()
-  out = transition.run()
+  out = call()
   first = time.perf_counter() - start
   for _ in range(warmup):
-    transition.run()
+    call()
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
-    transition.run()
+    call()
     times.append(time.perf_counter() - start)
   return out, first, times
+
+
+def time_transitions(transition, warmup, repeats):
+  """`time_calls` of a `FixedTransition`: its kernel results, the first
+  call's seconds and those of each timed call."""
+  return time_calls(transition.run, warmup, repeats)
 
 
 def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
