@@ -76,18 +76,23 @@ class RegisterFile:
                                       if slot is not None
                                       and slot.file.name == key])
                     for key in self.widths}
-    # Each packed leaf's first column in its file (chunks laid out in turn,
-    # each followed by its padding), for `unpack_leaf`.
+    # Each file's layout, chunks in turn, each followed by its padding: the
+    # widths of its column ranges and which are padding (for `unpack`'s
+    # split), and each packed leaf's first column (for `unpack_leaf`).
+    self._ranges = {}
     self._columns = {}
     for key, chunks in self._chunks.items():
       leaves = iter(i for i, slot in enumerate(self._slots)
                     if slot is not None and slot.file.name == key)
-      start = 0
+      sizes, is_padding, start = [], [], 0
       for chunk, padding in chunks:
         for width in chunk:
           self._columns[next(leaves)] = start
           start += width
+        sizes += chunk + ([padding] if padding else [])
+        is_padding += [False] * len(chunk) + ([True] if padding else [])
         start += padding
+      self._ranges[key] = (sizes, is_padding)
 
   @staticmethod
   def _chunk(widths):
@@ -136,10 +141,7 @@ class RegisterFile:
     # first call's compilation) a few ops each, hundreds of times.
     columns = {}
     for key, file in files.items():
-      sizes, is_padding = [], []
-      for chunk, padding in self._chunks[key]:
-        sizes += chunk + ([padding] if padding else [])
-        is_padding += [False] * len(chunk) + ([True] if padding else [])
+      sizes, is_padding = self._ranges[key]
       parts = tf.split(file, sizes, axis=1) if len(sizes) > 1 else [file]
       columns[key] = iter([p for p, pad in zip(parts, is_padding)
                            if not pad])
