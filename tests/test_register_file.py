@@ -60,6 +60,43 @@ def test_one_leaf_unpacked_alone_is_that_leaf_of_the_whole(enabled):
       np.testing.assert_array_equal(got, want)
 
 
+def test_round_trip_of_many_leaves_mixing_scalars_and_vectors():
+  """A file of several chunks, with runs of per-member scalars (stacked
+  as columns) between vectors (reshaped), booleans among them."""
+  many = {f"r{i:02d}": (tf.constant([i % 2 == 0, True, False]) if i % 5 == 4
+                        else tf.reshape(tf.range(3 * (i % 3 or 1),
+                                                 dtype=tf.int32) + 100 * i,
+                                        [3] if i % 3 == 0 else [3, i % 3]))
+          for i in range(23)}
+  example = dict(_example(), many=many)
+  packing = register_file.RegisterFile(example)
+  files, loose = packing.pack(example)
+  assert len(packing._chunks["int32"]) > 1
+  back = packing.unpack(files, loose)
+  for i, (got, want) in enumerate(zip(tf.nest.flatten(back),
+                                      tf.nest.flatten(example))):
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(packing.unpack_leaf(files, loose, i), want)
+
+
+def test_scalar_registers_pack_and_unpack_in_a_few_ops():
+  """Per-member scalars (most of the VM's registers, packed and unpacked
+  by every block) cost the trace a few ops per chunk, not some per leaf:
+  with a reshape per leaf a NUTS trace was 28% larger."""
+  graph = tf.Graph()
+  with graph.as_default():
+    example = {f"r{i:02d}": tf.compat.v1.placeholder(
+        tf.bool if i % 4 == 0 else tf.int32, [3]) for i in range(40)}
+    packing = register_file.RegisterFile(example)
+    before = len(graph.get_operations())
+    packing.unpack(*packing.pack(example))
+    built = len(graph.get_operations()) - before
+  # The 20 casts of the 10 booleans (in and out) and about 30 ops for the
+  # six chunks: fewer ops than leaves.
+  assert built < 60, built
+
+
 def test_unknown_batch_size_inside_a_graph():
   example = _example()
   packing = register_file.RegisterFile(example)

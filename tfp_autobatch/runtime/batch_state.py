@@ -24,9 +24,14 @@ def where(mask, new, old):
   The mask is broadcast by static rank, so static shapes survive (which
   `tf.while_loop` needs of its loop state).
   """
+  # The mask as each leaf's rank needs it, built once per rank: a slice
+  # per leaf cost the trace four ops each, a few thousand in a NUTS trace.
+  masks = {0: mask}
   def leaf(n, o):
     extra = n.shape.rank - mask.shape.rank
-    return tf.where(mask[(Ellipsis,) + (None,) * extra], n, o)
+    if extra not in masks:
+      masks[extra] = mask[(Ellipsis,) + (None,) * extra]
+    return tf.where(masks[extra], n, o)
   return tf.nest.map_structure(leaf, new, old)
 
 
