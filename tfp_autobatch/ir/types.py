@@ -98,7 +98,19 @@ def format_type(t):
   return str(t)
 
 
-def zeros(var_type, *leading_dims):
-  """Zeros of the given variable type, with leading dims (e.g. the batch)."""
-  return tf.nest.map_structure(
-      lambda t: tf.zeros(tuple(leading_dims) + t.shape, t.dtype), var_type)
+def zeros(var_type, *leading_dims, cache=None):
+  """Zeros of the given variable type, with leading dims (e.g. the batch).
+
+  With a `cache` (a dict, for one set of leading dims), leaves of one dtype
+  and shape share one tensor: the VM's initial state zeroes a few hundred
+  variables of a handful of types, and each `tf.zeros` of a batch size
+  known only at run time is three or four ops to trace."""
+  def leaf(t):
+    key = (t.dtype, t.shape)
+    if cache is None or key not in cache:
+      value = tf.zeros(tuple(leading_dims) + t.shape, t.dtype)
+      if cache is None:
+        return value
+      cache[key] = value
+    return cache[key]
+  return tf.nest.map_structure(leaf, var_type)

@@ -307,6 +307,7 @@ class PcVmRuntime:
     d = self.depth
     values = dict(zip(p.params, args))
     variables = {}
+    zeros = {}   # one tensor per type (`types_lib.zeros`)
     halt = tf.fill([z], p.halt)
     stacks = {"pc": tf.concat([halt[None], tf.zeros([d - 1, z], tf.int32)],
                               0)}
@@ -315,7 +316,7 @@ class PcVmRuntime:
       if v in values:
         value = vectorize.conform(values[v], t)
       else:
-        value = types_lib.zeros(t, z)
+        value = types_lib.zeros(t, z, cache=zeros)
       variables[v], stack = self._store.initial(v, value, t, z)
       if stack is not None:
         stacks[v] = stack

@@ -75,8 +75,11 @@ def _pfor_in_graph(per_example, batched_args):
   """`per_example` on every row, vectorised by pfor into the current graph
   (no loop fallback: raises ValueError on an op pfor cannot vectorise)."""
   def loop_fn(i):
-    return per_example(*tf.nest.map_structure(lambda x: tf.gather(x, i),
-                                              tuple(batched_args)))
+    # One axis for every gather: a constant each cost the trace an op per
+    # input of every primitive.
+    axis = tf.constant(0)
+    return per_example(*tf.nest.map_structure(
+        lambda x: tf.gather(x, i, axis=axis), tuple(batched_args)))
   first = tf.nest.flatten(batched_args)[0]
   # A static size lets pfor take `tf.gather(x, i)` to be x itself.
   n = first.shape[0] if first.shape[0] is not None else tf.shape(first)[0]
