@@ -46,7 +46,11 @@ Measurements, per program x system x batch size:
   conversion there too).  For ``python_loop`` it is the first pass over the
   timed examples.
 - one warm-up call, then ``--repeats`` timed runs; a run repeats the call
-  until it lasts ``--min_run_sec`` (``calls_per_run``).
+  until it lasts ``--min_run_sec`` (``calls_per_run``).  At each batch size
+  the systems' runs are interleaved, one run of each per round (every
+  system's first and warm-up calls come first), so that the machine's
+  slow stretches (its speed moved by up to 2x within minutes on 2 shared
+  cores) fall on every system alike, not on whichever ran through them.
   ``examples_per_sec = batch_size / median(seconds per call)``.  A warm-up
   call slower than ``--slow_call_sec`` is itself the only timed run
   (``timed_runs: 1``); once one is slower than ``--max_call_sec`` the
@@ -74,14 +78,14 @@ from benchmarks import tfp_reference_programs as tfp_ref
 # Timing.
 # ---------------------------------------------------------------------------
 
-def time_batched(call, xs, repeats, min_run_sec, max_calls_per_run,
-                 slow_call_sec=float("inf")):
-  """First call, warm-up, then `repeats` timed runs of `call(xs)`.
+def warm_up(call, xs, min_run_sec, max_calls_per_run,
+            slow_call_sec=float("inf")):
+  """First call and one warm-up call of `call(xs)`.
 
-  Returns `(first output, first-call seconds, [seconds per call, one per
-  timed run], calls per run)`.  When the warm-up call itself takes longer
-  than `slow_call_sec`, it is the only timed run (repeating calls that long
-  buys little precision and a lot of time).
+  Returns `(first output, first-call seconds, calls per timed run, [seconds
+  of the warm-up call] if that call is slower than `slow_call_sec` (it is
+  then the only timed run: repeating calls that long buys little precision
+  and a lot of time), else None)`.
   """
   start = time.perf_counter()
   first_out = call(xs)
@@ -91,17 +95,45 @@ def time_batched(call, xs, repeats, min_run_sec, max_calls_per_run,
   call(xs)
   warm_sec = time.perf_counter() - start
   if warm_sec > slow_call_sec:
-    return first_out, first_call_sec, [warm_sec], 1
-
+    return first_out, first_call_sec, 1, [warm_sec]
   calls_per_run = int(min(max_calls_per_run, max(
       1, math.ceil(min_run_sec / max(warm_sec, 1e-6)))))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for _ in range(calls_per_run):
-      call(xs)
-    times.append((time.perf_counter() - start) / calls_per_run)
+  return first_out, first_call_sec, calls_per_run, None
+
+
+def timed_run(call, xs, calls_per_run):
+  """Seconds per call of one timed run: `calls_per_run` calls of
+  `call(xs)`."""
+  start = time.perf_counter()
+  for _ in range(calls_per_run):
+    call(xs)
+  return (time.perf_counter() - start) / calls_per_run
+
+
+def time_batched(call, xs, repeats, min_run_sec, max_calls_per_run,
+                 slow_call_sec=float("inf")):
+  """First call, warm-up, then `repeats` timed runs of `call(xs)` (see
+  `warm_up`).
+
+  Returns `(first output, first-call seconds, [seconds per call, one per
+  timed run], calls per run)`.
+  """
+  first_out, first_call_sec, calls_per_run, times = warm_up(
+      call, xs, min_run_sec, max_calls_per_run, slow_call_sec)
+  if times is None:
+    times = [timed_run(call, xs, calls_per_run) for _ in range(repeats)]
   return first_out, first_call_sec, times, calls_per_run
+
+
+def _keep_stats(record, program, kind):
+  """Our systems' run statistics of the call just made, into `record`
+  (their batched function keeps only its last call's, and the systems'
+  calls are interleaved)."""
+  if kind == "ours":
+    fn = programs_systems.OUR_PROGRAMS[program]
+    record["max_stack_depth"] = getattr(fn, "max_stack_depth", None)
+    record["stats"] = programs_systems.stats_summary(
+        getattr(fn, "last_stats", None))
 
 
 def run_benchmarks(programs=programs_systems.PROGRAMS,
@@ -153,26 +185,39 @@ def run_benchmarks(programs=programs_systems.PROGRAMS,
     if bar is not None:
       bar.update(count)
 
+  def failed(e):
+    if os.environ.get("BENCH_TRACEBACK"):
+      log(traceback.format_exc())
+    return "failed: {}: {}".format(
+        type(e).__name__, str(e).strip().splitlines()[0][:300]
+        if str(e).strip() else "")
+
   for program in programs:
     if program not in programs_systems.PROGRAMS:
       raise ValueError("unknown program {!r}; programs: {}".format(
           program, list(programs_systems.PROGRAMS)))
     pool = programs_systems.make_inputs(program, max(batch_sizes), seed,
                                         ranges)
+    calls = {}   # the systems still running: name -> callable (None: loop)
     for system in systems:
-      kind = programs_systems.system_kind(system)
-      if bar is not None:
-        bar.set_postfix_str("{} {}".format(program, system))
       try:
-        call = None if kind == "python_loop" else (
-            programs_systems.make_callable(program, system))
+        calls[system] = (
+            None if programs_systems.system_kind(system) == "python_loop"
+            else programs_systems.make_callable(program, system))
       except programs_systems.SkipSystem as e:
         skip(program, system, None, str(e), len(batch_sizes))
-        continue
-      python_loop_cache = {}
-      for i, batch_size in enumerate(batch_sizes):
-        xs = pool[:batch_size]
-        expected = tfp_ref.plain_python(program, xs)
+    python_loop_cache = {}
+    for i, batch_size in enumerate(batch_sizes):
+      xs = pool[:batch_size]
+      expected = tfp_ref.plain_python(program, xs)
+      # Every system's first call and warm-up, then their timed runs
+      # interleaved, one run of each per round: a slow stretch of the
+      # machine then slows all of them, not the one that ran through it.
+      cells = {}   # system -> (record, calls per timed run or None, times)
+      for system in list(calls):
+        kind = programs_systems.system_kind(system)
+        if bar is not None:
+          bar.set_postfix_str("{} {} x{}".format(program, system, batch_size))
         record = {"program": program, "system": system,
                   "batch_size": batch_size, "repeats": repeats}
         try:
@@ -182,7 +227,6 @@ def run_benchmarks(programs=programs_systems.PROGRAMS,
               python_loop_cache[n_timed] = programs_systems.time_python_loop(
                   program, xs[:n_timed], repeats, slow_call_sec)
             out, first_sec, pass_times = python_loop_cache[n_timed]
-            per_call = [t / n_timed * batch_size for t in pass_times]
             record.update(
                 first_call_sec=first_sec, calls_per_run=1,
                 examples_timed=n_timed,
@@ -191,43 +235,50 @@ def run_benchmarks(programs=programs_systems.PROGRAMS,
                       "rate extrapolated to the batch".format(n_timed)
                       if batch_size > n_timed else
                       "per-example eager loop; first_call_sec is the first "
-                      "pass"))
-            correct = bool(np.array_equal(out, expected[:n_timed]))
+                      "pass"),
+                correct=bool(np.array_equal(out, expected[:n_timed])))
+            cells[system] = (record, None,
+                             [t / n_timed * batch_size for t in pass_times])
           else:
-            out, first_sec, per_call, calls_per_run = time_batched(
-                call, xs, repeats, min_run_sec, max_calls_per_run,
+            out, first_sec, calls_per_run, single = warm_up(
+                calls[system], xs, min_run_sec, max_calls_per_run,
                 slow_call_sec)
             record.update(first_call_sec=first_sec,
                           calls_per_run=calls_per_run,
-                          examples_timed=batch_size, extrapolated=False)
-            correct = bool(out.shape == expected.shape and
-                           np.array_equal(out, expected))
+                          examples_timed=batch_size, extrapolated=False,
+                          correct=bool(out.shape == expected.shape and
+                                       np.array_equal(out, expected)))
+            cells[system] = (record, None if single else calls_per_run,
+                             single or [])
+            _keep_stats(record, program, kind)
         except programs_systems.SkipSystem as e:
           skip(program, system, batch_size, str(e), len(batch_sizes) - i)
-          break
+          del calls[system]
         except Exception as e:  # pylint: disable=broad-except
-          reason = "failed: {}: {}".format(
-              type(e).__name__, str(e).strip().splitlines()[0][:300]
-              if str(e).strip() else "")
-          skip(program, system, batch_size, reason, len(batch_sizes) - i)
-          if os.environ.get("BENCH_TRACEBACK"):
-            log(traceback.format_exc())
-          break
+          skip(program, system, batch_size, failed(e), len(batch_sizes) - i)
+          del calls[system]
+      for _ in range(repeats):
+        for system, (record, calls_per_run, times) in list(cells.items()):
+          if calls_per_run is None:
+            continue
+          try:
+            times.append(timed_run(calls[system], xs, calls_per_run))
+          except Exception as e:  # pylint: disable=broad-except
+            skip(program, system, batch_size, failed(e), len(batch_sizes) - i)
+            del calls[system], cells[system]
+            continue
+          _keep_stats(record, program, programs_systems.system_kind(system))
+      for system, (record, _, per_call) in cells.items():
+        kind = programs_systems.system_kind(system)
         median = statistics.median(per_call)
         record.update(
             timed_runs=len(per_call),
             examples_per_sec=batch_size / median,
             seconds_per_call=median,
-            times_sec=per_call,
-            correct=correct)
-        if kind == "ours":
-          fn = programs_systems.OUR_PROGRAMS[program]
-          record["max_stack_depth"] = getattr(fn, "max_stack_depth", None)
-          record["stats"] = programs_systems.stats_summary(
-              getattr(fn, "last_stats", None))
-        elif kind == "tfp_reference":
+            times_sec=per_call)
+        if kind == "tfp_reference":
           record["max_stack_depth"] = tfp_ref.DEFAULT_MAX_STACK_DEPTH[program]
-        if not correct:
+        if not record["correct"]:
           log("WRONG RESULTS: {} on {} at batch size {}".format(
               system, program, batch_size))
         records.append(record)
@@ -239,7 +290,7 @@ def run_benchmarks(programs=programs_systems.PROGRAMS,
           skip(program, system, batch_sizes[i + 1],
                "a warm call took {:.1f}s > --max_call_sec={}".format(
                    median, max_call_sec), len(batch_sizes) - i - 1)
-          break
+          del calls[system]
   if bar is not None:
     bar.close()
   return records, skipped

@@ -106,3 +106,32 @@ def test_command_line_flags(tmp_path, capsys):
   assert all(r["examples_per_sec"] > 0 and r["correct"]
              for r in payload["records"])
   assert payload["config"]["input_ranges"]["collatz"] == [1, 10]
+
+
+def test_timed_runs_are_interleaved_across_systems(monkeypatch):
+  """At each batch size every system is warmed up first, then the timed
+  runs go round the systems, one run each per round: a slow stretch of the
+  machine lands on all of them, not on one."""
+  log = []
+
+  def fake_callable(program, system):
+    def call(xs):
+      log.append((system, len(xs)))
+      return bench.tfp_ref.plain_python(program, xs)
+    return call
+
+  monkeypatch.setattr(programs_systems, "make_callable", fake_callable)
+  systems = ("pc:xla", "tfp_reference:xla")
+  records, skipped = bench.run_benchmarks(
+      programs=("collatz",), systems=systems, batch_sizes=(2, 3), repeats=3,
+      ranges=TINY_RANGES, progress=False, min_run_sec=0.0,
+      max_calls_per_run=1)
+  assert not skipped
+  for size in (2, 3):
+    calls = [system for system, n in log if n == size]
+    # Two calls each (first and warm-up), then runs of one call in turn.
+    assert calls == ["pc:xla"] * 2 + ["tfp_reference:xla"] * 2 + list(
+        systems) * 3, calls
+  assert [(r["system"], r["batch_size"], r["timed_runs"]) for r in records] \
+      == [(s, n, 3) for n in (2, 3) for s in systems]
+  assert all(r["correct"] for r in records)
