@@ -175,10 +175,11 @@ class PcVmRuntime:
     Calling a `tf.function` binds and checks its arguments against its
     signature and looks up its trace on every call; calling the trace (its
     concrete function) directly skips that. On 2 CPU cores that is 100-140
-    us of a call, most of a small batch's: collatz on one member with a
-    one-step input took 350 us a call through the `tf.function` and 110 us
-    through its concrete function (`benchmarks.programs` measures the
-    effect)."""
+    us of a call, most of a small batch's: for collatz on one member with a
+    one-step input the compiled call took 170-250 us through the
+    `tf.function` and 90-110 us through its concrete function, and the
+    whole `@tab.batch` call went from 350 to 190 us (`benchmarks.programs`
+    measures the effect)."""
     compiled = self.compiled_for(args)
     concrete = self._concrete.get(compiled)
     if concrete is None:
