@@ -355,6 +355,11 @@ def test_pc_xla_transition_copies_no_register_bank():
   vector = ("float64", (3,))
   assert after_first_half.bank_capacity[vector] == 3
   assert doubling.bank_capacity[vector] == 16
+  # The dispatches' loops run from the program's last dispatch to its first
+  # (by their lowest block): replaying NUTS's block sequence, the order
+  # that saves the most loop conditions of the simple ones.
+  lowest = [min(d.blocks) for d in runtime._dispatches]  # pylint: disable=protected-access
+  assert lowest == sorted(lowest, reverse=True) and len(lowest) > 2
   compiled = runtime._compiled[len(INIT)]  # pylint: disable=protected-access
   args = [tf.zeros(spec.shape, spec.dtype) for spec in
           compiled.get_concrete_function().structured_input_signature[0]]
