@@ -105,12 +105,11 @@ def zeros(var_type, *leading_dims, cache=None):
   and shape share one tensor: the VM's initial state zeroes a few hundred
   variables of a handful of types, and each `tf.zeros` of a batch size
   known only at run time is three or four ops to trace."""
-  def leaf(t):
+  def fresh(t):
+    return tf.zeros(tuple(leading_dims) + t.shape, t.dtype)
+  def shared(t):
     key = (t.dtype, t.shape)
-    if cache is None or key not in cache:
-      value = tf.zeros(tuple(leading_dims) + t.shape, t.dtype)
-      if cache is None:
-        return value
-      cache[key] = value
+    if key not in cache:
+      cache[key] = fresh(t)
     return cache[key]
-  return tf.nest.map_structure(leaf, var_type)
+  return tf.nest.map_structure(fresh if cache is None else shared, var_type)

@@ -65,22 +65,21 @@ def group_blocks(changed, pushed, banks, stacks, z, pack):
                          for key, n in written.items()))
           for written in (banks.written(changed[i]),
                           stacks.written(pushed[i])))
-  dispatches = []
+  members = {}   # class -> its blocks, in order
+  for i, c in enumerate(classes):
+    members.setdefault(c, []).append(i)
   # The VM's loop runs the dispatches' loops in this order, each while the
   # next block is one of its, so a block whose successor's dispatch comes
-  # later in the order saves a round of the outer loop (one loop
-  # condition per dispatch). From the last dispatch of the program to the
-  # first (by their lowest block) follows a recursive program's flow
-  # best of the simple orders: replaying NUTS's block sequences against its
-  # six dispatches, one transition evaluated 358 loop conditions where
-  # the dispatches sorted by class took 428 (100-d Gaussian, one chain;
-  # 4,052 against 4,808 fused over 10 trajectories at 4 chains; the
-  # best order of all took 351 and 3,891; equal on the logistic
-  # regression).
-  for c in sorted(set(classes),
-                  key=lambda c: -min(i for i in range(num_blocks)
-                                     if classes[i] == c)):
-    blocks = tuple(i for i in range(num_blocks) if classes[i] == c)
+  # later in the order saves a round of the outer loop (one loop condition
+  # per dispatch). Of the simple orders, from the program's last dispatch
+  # to its first (by their lowest block) follows a recursive program's
+  # flow best: replaying NUTS's block sequences against its six
+  # dispatches, one transition evaluated 358 loop conditions where the
+  # dispatches sorted by class took 428 (100-d Gaussian, one chain; 4,052
+  # against 4,808 fused over 10 trajectories at 4 chains; the best order
+  # of all took 351 and 3,891; equal on the logistic regression).
+  dispatches = []
+  for blocks in sorted(map(tuple, members.values()), key=lambda b: -b[0]):
     stack_capacity = stacks.capacity([pushed[i] for i in blocks])
     # Banked writes are a few [K * Z, ...] tensors, not rows of the batch.
     writes = register_file.RegisterFile(

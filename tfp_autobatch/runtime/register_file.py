@@ -137,24 +137,21 @@ class RegisterFile:
   def unpack(self, files, loose):
     """The nest packed by `pack`."""
     # One op takes every column of a file apart: per-member scalars (most
-    # leaves) are its columns as they are. A slice per leaf cost the trace
-    # (and the first call's compilation) a few ops each, hundreds of times.
+    # leaves) are its columns as they are; other leaves are read alone
+    # (`unpack_leaf`). A slice per leaf cost the trace (and the first
+    # call's compilation) a few ops each, hundreds of times.
     columns = {key: tf.unstack(file, num=file.shape[1], axis=1)
                for key, file in files.items()}
-    loose = iter(loose)
+    loose_leaves = iter(loose)
     leaves = []
     for i, slot in enumerate(self._slots):
       if slot is None:
-        leaves.append(next(loose))
-        continue
-      start = self._columns[i]
-      if slot.event_shape:
-        column = tf.reshape(
-            tf.stack(columns[slot.file.name][start:start + slot.width], 1),
-            [-1] + slot.event_shape)
+        leaves.append(next(loose_leaves))
+      elif slot.event_shape:
+        leaves.append(self.unpack_leaf(files, loose, i))
       else:
-        column = columns[slot.file.name][start]
-      leaves.append(tf.cast(column, slot.dtype))
+        leaves.append(tf.cast(columns[slot.file.name][self._columns[i]],
+                              slot.dtype))
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
   @property
