@@ -73,11 +73,11 @@ def group_blocks(changed, pushed, banks, stacks, z, pack):
   # later in the order saves a round of the outer loop (one loop condition
   # per dispatch). Of the simple orders, from the program's last dispatch
   # to its first (by their lowest block) follows a recursive program's
-  # flow best: replaying NUTS's block sequences against its six
-  # dispatches, one transition evaluated 358 loop conditions where the
-  # dispatches sorted by class took 428 (100-d Gaussian, one chain; 4,052
-  # against 4,808 fused over 10 trajectories at 4 chains; the best order
-  # of all took 351 and 3,891; equal on the logistic regression).
+  # flow best: a NUTS transition on the 100-d Gaussian ran its loop
+  # conditions 358 times at one chain, where the dispatches sorted by
+  # class ran them 428 times (4,075 and 4,831 fused over 10 trajectories
+  # at 4 chains; `benchmarks.nuts_profile`, README "Program-counter
+  # autobatching").
   dispatches = []
   for blocks in sorted(map(tuple, members.values()), key=lambda b: -b[0]):
     stack_capacity = stacks.capacity([pushed[i] for i in blocks])

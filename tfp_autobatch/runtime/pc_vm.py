@@ -126,7 +126,7 @@ class PcVmRuntime:
       self.stats = run_counters.to_stats(counters, overflow.shape[0],
                                          self._labels)
       self.stats_tensors = None
-      # In NumPy: an eager reduction costs a small batch's call 25-35 us.
+      # In NumPy: an eager reduction would dispatch one more op every call.
       if overflow.numpy().any():
         raise errors.StackOverflowError(message)
       return result
@@ -174,12 +174,11 @@ class PcVmRuntime:
 
     Calling a `tf.function` binds and checks its arguments against its
     signature and looks up its trace on every call; calling the trace (its
-    concrete function) directly skips that. On 2 CPU cores that is 100-140
-    us of a call, most of a small batch's: for collatz on one member with a
-    one-step input the compiled call took 170-250 us through the
-    `tf.function` and 90-110 us through its concrete function, and the
-    whole `@tab.batch` call went from 350 to 190 us (`benchmarks.programs`
-    measures the effect)."""
+    concrete function) directly skips that, most of a small batch's call:
+    collatz on one member went from 0.43-0.45 to 0.28-0.33 ms a call with
+    this and the overflow flags read in NumPy (`benchmarks.programs`, 2
+    CPU cores; README, "Batched programs against TFP's reference
+    autobatching")."""
     compiled = self.compiled_for(args)
     concrete = self._concrete.get(compiled)
     if concrete is None:
