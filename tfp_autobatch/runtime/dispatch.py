@@ -76,8 +76,7 @@ def group_blocks(changed, pushed, banks, stacks, z, pack):
   # flow best: a NUTS transition on the 100-d Gaussian ran its loop
   # conditions 358 times at one chain, where the dispatches sorted by
   # class ran them 428 times (4,075 and 4,831 fused over 10 trajectories
-  # at 4 chains; `benchmarks.nuts_profile`, README "Program-counter
-  # autobatching").
+  # at 4 chains; `benchmarks.nuts_profile`, docs/internals.md).
   dispatches = []
   for blocks in sorted(map(tuple, members.values()), key=lambda b: -b[0]):
     stack_capacity = stacks.capacity([pushed[i] for i in blocks])

@@ -177,8 +177,8 @@ class PcVmRuntime:
     concrete function) directly skips that, most of a small batch's call:
     collatz on one member went from 0.43-0.45 to 0.28-0.33 ms a call with
     this and the overflow flags read in NumPy (`benchmarks.programs`, 2
-    CPU cores; README, "Batched programs against TFP's reference
-    autobatching")."""
+    CPU cores; benchmarks/README.md, "Batched programs against TFP's
+    reference autobatching")."""
     compiled = self.compiled_for(args)
     concrete = self._concrete.get(compiled)
     if concrete is None:
