@@ -17,6 +17,7 @@ alike (broadcast over the leading dimensions), as almost every target does;
 a target whose parameters differ per chain is not supported.
 """
 import collections
+import numbers
 
 import numpy as np
 import tensorflow as tf
@@ -31,7 +32,9 @@ __all__ = ["NoUTurnSampler", "NUTSKernelResults"]
 
 NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
     "target_log_prob",        # [chains]
-    "grads_target_log_prob",  # like the state
+    "grads_target_log_prob",  # a list, one tensor per state part (as
+                              # tfp.mcmc.NoUTurnSampler's, also for a
+                              # single-tensor state)
     "step_size",              # as given / as written by adaptation kernels
     "log_accept_ratio",       # [chains] log mean acceptance statistic
     "leapfrogs_taken",        # [chains] leapfrog steps (all trajectories)
@@ -87,7 +90,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                        ("unrolled_leapfrog_steps", unrolled_leapfrog_steps),
                        ("num_trajectories_per_step",
                         num_trajectories_per_step)):
-      if int(value) != value or int(value) < 1:
+      if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+          or int(value) != value or value < 1):
         raise ValueError(f"{arg} must be a positive integer, got {value!r}")
     if backend not in tab.BACKENDS:
       raise tab.UnknownBackendError(
@@ -104,6 +108,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     self._compiled_step = None
     # Shared with this kernel's copies (see `copy`).
     self._last_run_stats = [None]
+    # (layout, tree settings) -> the batched program that last ran a step
+    # on such states, by this kernel or a copy of it with the same settings
+    # (a wrapper's copy with another target; shared, as the stats are).
+    self._ran_programs = {}
 
   # -- properties -------------------------------------------------------------
 
@@ -120,6 +128,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     `copy`), sharing `last_run_stats` with this one."""
     copied = super().copy(**override_parameter_kwargs)
     copied._last_run_stats = self._last_run_stats   # pylint: disable=protected-access
+    copied._ran_programs = self._ran_programs   # pylint: disable=protected-access
     return copied
 
   @property
@@ -232,7 +241,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     false = tf.zeros(tf.shape(logp), tf.bool)
     return NUTSKernelResults(
         target_log_prob=logp,
-        grads_target_log_prob=grads if is_list else grads[0],
+        grads_target_log_prob=list(grads),
         step_size=tf.nest.map_structure(
             lambda s: tf.convert_to_tensor(s, logp.dtype), step_size),
         log_accept_ratio=zeros,
@@ -262,13 +271,23 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   def batched_program(self, current_state, kernel_results):
     """The `@tab.batch` function that `one_step` runs on states like
-    `current_state`: `.ir(level=2)` prints the NUTS program the VM runs
-    (its blocks in the order the VM dispatches them), and after an eager
-    `one_step`, `.last_stats` holds that call's run statistics."""
+    `current_state`: after a step, `.ir(level=2)` prints the NUTS program
+    the VM runs (its blocks in the order the VM dispatches them), and
+    after an eager `one_step`, `.last_stats` holds that call's run
+    statistics. If a copy of this kernel ran the step (as
+    `tfp.mcmc.TransformedTransitionKernel` runs one), it is the copy's
+    program."""
     parts, is_list = _as_parts(current_state)
     _, layout = _layout(parts, is_list, kernel_results)
+    ran = self._ran_programs.get(self._ran_key(layout))
+    if ran is not None:
+      return ran
     (nuts_steps, _, _, _), _ = self._program(layout)
     return nuts_steps
+
+  def _ran_key(self, layout):
+    return (layout, self.max_tree_depth, self.unrolled_leapfrog_steps,
+            self.num_trajectories_per_step)
 
   def _one_step(self, current_state, previous_kernel_results, seed):
     parts, is_list = _as_parts(current_state)
@@ -287,7 +306,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                         for x, k in zip(xs, sizes)], -1)
 
     grads = results.grads_target_log_prob
-    grads = list(grads) if is_list else [grads]
+    grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
     step = flat(_broadcast_step_size(results.step_size, parts, chain_ndims))
     # Each chain's seed words (step seed, chain index), hashed once here.
     chain_keys = nuts_random.chain_key(tf.stack([
@@ -298,6 +317,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                      flat(grads), step, chain_keys, backend=self.backend)
     self._last_run_stats[0] = stats = (nuts_steps.last_stats
                                        if tf.executing_eagerly() else None)
+    self._ran_programs[self._ran_key(layout)] = nuts_steps
 
     def unflat(x):
       return [tf.reshape(v, tf.concat([chain_shape, s], 0))
@@ -327,7 +347,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                               if label in counts])
     new_results = NUTSKernelResults(
         target_log_prob=per_chain(out.logp),
-        grads_target_log_prob=new_grads if is_list else new_grads[0],
+        grads_target_log_prob=list(new_grads),
         step_size=results.step_size,
         log_accept_ratio=per_chain(out.log_accept_ratio),
         leapfrogs_taken=per_chain(out.num_leapfrogs),
@@ -371,7 +391,18 @@ def _layout(parts, is_list, kernel_results):
 
 
 def _check_finite_start(logp):
+  """Raises if the initial log-probability is NaN or -inf at any chain,
+  naming the chains: eagerly a ValueError; traced, a graph assertion
+  (InvalidArgumentError when it runs), which XLA drops under
+  `jit_compile=True`, where nothing can raise."""
   if not tf.executing_eagerly():
+    finite = tf.math.is_finite(logp)
+    tf.debugging.Assert(
+        tf.reduce_all(finite),
+        ["target_log_prob_fn is not finite at the initial state of the "
+         "chains with these indices; start them inside the support:",
+         tf.where(~finite), "values:", tf.boolean_mask(logp, ~finite)],
+        summarize=10, name="check_finite_start")
     return
   bad = ~np.isfinite(np.asarray(logp))
   if bad.any():
@@ -431,4 +462,7 @@ def _check_step_size(step_size, parts, chain_ndims):
     dtype = getattr(s, "dtype", None)
     if dtype is not None and not tf.as_dtype(dtype).is_floating:
       raise TypeError(f"step size must be floating point, got {dtype}")
+    value = tf.get_static_value(s)   # None when known only at run time
+    if value is not None and not np.all(np.asarray(value) > 0):
+      raise ValueError(f"step sizes must be positive, got {value!r}")
   _broadcast_step_size(step_size, parts, chain_ndims)

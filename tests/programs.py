@@ -786,6 +786,42 @@ def halve_until_small(v):
   return v * k
 
 
+@register(args(floats(-2.0, 2.0), floats(-2.0, 2.0)), tf.float32,
+          oracle=lambda a, b: a - b if a > b else b - a)
+@tab.batch
+def list_values(a, b):
+  """A Python list of per-example values, indexed after a branch."""
+  pair = [a, b]
+  if a > b:
+    return pair[0] - pair[1]
+  return pair[1] - pair[0]
+
+
+@register(args(ints(0, 30, np.int64)), tf.int64, oracle=lambda n: int(n))
+@tab.batch
+def count_up_int64(n):
+  """A counter from a Python literal compared with an int64 input: it
+  takes int64, as the literal would in Python."""
+  i = 0
+  while i < n:
+    i += 1
+  return i
+
+
+@register(args(ints(0, 6, np.int64)), tf.int64,
+          oracle=lambda n: 10 * min(int(n), 4))
+@tab.batch
+def capped_range(n):
+  """A loop over a range of Python ints, left by `break` at an int64
+  bound."""
+  acc = n * 0
+  for i in range(4):
+    if i >= n:
+      break
+    acc += 10
+  return acc
+
+
 TABLE = np.array([3, 1, 4, 1, 5, 9, 2, 6], np.int32)
 
 

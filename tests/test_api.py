@@ -146,6 +146,44 @@ def test_mismatched_batch_sizes_are_a_clear_error():
     add(np.ones([2]), np.ones([3]))
 
 
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_wrong_number_of_arguments_is_a_clear_error(backend):
+  # The local backends used to ignore an extra argument and run.
+  @tab.batch
+  def add(a, b):
+    return a + b
+  x = np.array([3, 7])
+  with pytest.raises(TypeError, match=r"takes 2 batch arguments \(a, b\), got 3"):
+    add(x, x, x, backend=backend)
+  with pytest.raises(TypeError, match=r"takes 2 batch arguments \(a, b\), got 1"):
+    add(x, backend=backend)
+
+
+def test_a_python_list_argument_is_a_clear_error():
+  with pytest.raises(TypeError, match=r"np.array"):
+    fib([3, 7])
+
+
+def test_unknown_rank_inside_tf_function_is_a_clear_error():
+  @tf.function(input_signature=[tf.TensorSpec(None, tf.int32)])
+  def g(x):
+    return fib(x, backend="pc:graph")
+  with pytest.raises(ValueError, match=r"unknown rank.*\[None\]"):
+    g.get_concrete_function()
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
+def test_dict_argument_is_a_batch_per_key(backend):
+  @tab.batch
+  def scaled(d):
+    if d["x"] > 0:
+      return d["x"] * d["k"]
+    return -d["x"]
+  out = scaled({"x": np.array([2.0, -3.0]), "k": np.array([10.0, 10.0])},
+               backend=backend)
+  np.testing.assert_allclose(out, [20.0, 3.0])
+
+
 def test_run_unbatched_runs_plain_python():
   assert int(fib.run_unbatched(tf.constant(7))) == 13
 

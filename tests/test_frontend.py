@@ -310,6 +310,58 @@ def test_rejects_falling_off_the_end():
   _rejected(f, "without `return`")
 
 
+def test_rejects_a_variable_assigned_on_some_paths_only():
+  # Python raises UnboundLocalError for n <= 1; batched, `y` was a register
+  # of zeros and those examples silently returned 0.
+  def after_if(n):
+    if n > 1:
+      y = n * 10
+    return y
+  error = _rejected(after_if, "'y' may be read before it is assigned")
+  assert error.lineno == after_if.__code__.co_firstlineno + 3
+
+  def after_loop(n):      # the loop may run zero times
+    i = 0
+    while i < n:
+      last = i
+      i += 1
+    return last
+  _rejected(after_loop, "'last' may be read before it is assigned")
+
+  def passed_to_a_call(n):
+    if n > 1:
+      m = n - 1
+    return _is_even(m)
+  error = _rejected(passed_to_a_call, "'m' may be read before it is assigned")
+  assert error.lineno == passed_to_a_call.__code__.co_firstlineno + 3
+
+
+def test_variables_assigned_on_every_path_are_accepted():
+  def both_branches(n):
+    if n > 1:
+      y = n
+    else:
+      y = -n
+    return y
+
+  def first_pass_of_while_true(n):   # the body always runs once
+    while True:
+      last = n
+      n = n - 1
+      if n < 0:
+        break
+    return last
+
+  def assigned_before_any_return(n):
+    if n > 1:
+      return n
+    y = n + 1
+    return y
+  for f in (both_branches, first_pass_of_while_true,
+            assigned_before_any_return):
+    verify.verify(ir_of(f), "test")
+
+
 def test_loop_forever_with_return_inside_is_fine():
   def f(x):
     while True:
@@ -341,6 +393,44 @@ def test_literal_takes_the_dtype_it_is_joined_with():
   out = f(np.ones([2], np.float64))
   assert out.dtype == tf.float64
   np.testing.assert_allclose(out, [3.0, 3.0])
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
+def test_literal_takes_the_dtype_it_is_compared_with(backend):
+  # NumPy's default integers are int64; `i = 0` alone is TensorFlow's
+  # int32, and `i < n` used to fail at run time (the differential suite's
+  # `count_up_int64` and `capped_range` run every backend).
+  @tab.batch
+  def count_to(n):
+    i = 0
+    while i < n:
+      i += 1
+    return i
+  out = count_to(np.array([0, 3], np.int64), backend=backend)
+  assert out.dtype == tf.int64
+  np.testing.assert_array_equal(out, [0, 3])
+
+  @tab.batch
+  def halves_to(t):
+    x = 0.0
+    while x < t:
+      x += 0.5
+    return x
+  out = halves_to(np.array([0.9, 2.0]), backend=backend)
+  assert out.dtype == tf.float64
+  np.testing.assert_allclose(out, [1.0, 2.0])
+
+
+def test_literal_with_no_dtype_that_runs_is_a_clear_error():
+  @tab.batch
+  def f(v, x):
+    k = 0
+    while k < 1:
+      return tf.gather(v, k) + x * k   # an index and a float factor at once
+    return x
+  with pytest.raises(tab.TypeInferenceError,
+                     match=r"'k' \(int32, from Python literals\).*tf.constant"):
+    f(np.ones([2, 3], np.float32), np.ones([2], np.float32))
 
 
 def test_verify_catches_a_broken_program():

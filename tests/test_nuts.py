@@ -150,7 +150,7 @@ def test_kernel_matches_numpy_reference(fused_step):
                                          [seed[0], seed[1], c], 2)
     np.testing.assert_allclose(state[c], q, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(results.target_log_prob[c], logp, rtol=1e-10)
-    np.testing.assert_allclose(results.grads_target_log_prob[c], grad,
+    np.testing.assert_allclose(results.grads_target_log_prob[0][c], grad,
                                rtol=1e-10, atol=1e-12)
     assert results.leapfrogs_taken[c] == sum(s["num_leapfrogs"] for s in stats)
     np.testing.assert_allclose(
@@ -288,8 +288,16 @@ def test_pc_xla_with_the_number_of_chains_unknown(fused_step):
 def test_results_have_the_fields_of_tfp_nuts(fused_step):
   _, results = fused_step
   tfp_kernel = tfp.mcmc.NoUTurnSampler(gaussian_log_prob, 0.4)
-  tfp_fields = set(tfp_kernel.bootstrap_results(tf.constant(INIT))._fields)
-  assert tfp_fields <= set(results._fields)
+  tfp_results = tfp_kernel.bootstrap_results(tf.constant(INIT))
+  assert set(tfp_results._fields) <= set(results._fields)
+  # Each shared field has the structure, dtype and shape of TFP's (the
+  # gradients are a list even for a single-tensor state: code written for
+  # TFP reads `grads_target_log_prob[0]`).
+  for field in tfp_results._fields:
+    ours, theirs = getattr(results, field), getattr(tfp_results, field)
+    tf.nest.assert_same_structure(ours, theirs)
+    for a, b in zip(tf.nest.flatten(ours), tf.nest.flatten(theirs)):
+      assert (a.dtype, a.shape) == (b.dtype, b.shape), field
   assert results.leapfrogs_taken.shape == (4,)
   assert 0 < float(results.gradient_utilization) <= 1
 
@@ -408,11 +416,22 @@ def test_non_finite_initial_log_prob_names_the_chain():
     kernel.bootstrap_results(tf.constant(init))
   with pytest.raises(ValueError, match=r"chain\(s\) \[1\]"):
     kernel.bootstrap_results(tf.constant([[1., 0, 0], [np.nan, 0, 0]]))
+  # Traced (as sample_chain runs it), a graph assertion names the chain.
+  bootstrap = tf.function(nuts.NoUTurnSampler(target, 0.1).bootstrap_results)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r"(?s)not finite.*\[\[2\]\].*-inf"):
+    bootstrap(tf.constant(init))
 
 
 def test_bad_settings_are_rejected():
   with pytest.raises(ValueError, match="max_tree_depth"):
     nuts.NoUTurnSampler(gaussian_log_prob, 0.1, max_tree_depth=0)
+  with pytest.raises(ValueError, match="max_tree_depth"):
+    nuts.NoUTurnSampler(gaussian_log_prob, 0.1, max_tree_depth=None)
+  for step_size in (-0.1, np.array([0.1, 0.0, 0.2, 0.3])):   # per chain
+    with pytest.raises(ValueError, match="step sizes must be positive"):
+      nuts.NoUTurnSampler(gaussian_log_prob, step_size).bootstrap_results(
+          tf.constant(INIT))
   with pytest.raises(tab.UnknownBackendError):
     nuts.NoUTurnSampler(gaussian_log_prob, 0.1, backend="nope")
 
@@ -494,6 +513,11 @@ def test_run_stats_of_a_wrapped_kernel_reach_the_kernel_the_user_made():
   used = int(tf.reduce_sum(results.inner_results.leapfrogs_taken))
   assert sum(k * n for k, n in stats.batched_primitive_members.items()) == (
       used)
+  # The program that ran is the one `batched_program` gives (it used to be
+  # the kernel's own, never called, whose ir(level=2) raised).
+  program = ours.batched_program(init, results.inner_results)
+  assert program.last_stats is stats
+  assert "build_tree" in str(program.ir(level=2))
   # A copy with a parameter replaced shares it too; a new kernel does not.
   assert ours.copy(max_tree_depth=2).last_run_stats is stats
   assert nuts.NoUTurnSampler(gaussian_log_prob, 0.2).last_run_stats is None

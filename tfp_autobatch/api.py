@@ -1,6 +1,7 @@
 """The public API: `@batch`, `@batched_primitive` and batched functions."""
 import contextvars
 import functools
+import inspect
 
 import tensorflow as tf
 
@@ -103,8 +104,15 @@ class BatchedFunction:
 
 def _prepare(fn, args):
   """Converts arguments to tensors; returns (args, per-example types, size)."""
-  if not args:
-    raise TypeError(f"{fn!r} needs at least one batch argument")
+  params = inspect.signature(fn.python_function).parameters
+  if not params:
+    raise TypeError(f"{fn!r} needs at least one batch argument: the batch "
+                    "size is the arguments' leading dimension")
+  if len(args) != len(params):
+    raise TypeError(
+        f"{fn!r} takes {len(params)} batch argument"
+        f"{'s' if len(params) != 1 else ''} ({', '.join(params)}), "
+        f"got {len(args)}")
   converted = []
   for i, a in enumerate(args):
     if isinstance(a, (bool, int, float)):
@@ -112,12 +120,22 @@ def _prepare(fn, args):
           f"argument {i} of {fn!r} is the Python scalar {a!r}; every positional "
           "argument is a batch with a leading batch dimension. Capture values "
           "shared by all examples in a closure instead.")
+    if isinstance(a, list):
+      raise TypeError(
+          f"argument {i} of {fn!r} is a Python list, which would be read as "
+          "a structure of separate batches; pass the batch as an array or "
+          "tensor (np.array([...])), or a tuple of batches")
     converted.append(tf.nest.map_structure(tf.convert_to_tensor, a))
-  sizes = {x.shape[0] if x.shape.rank else "scalar"
-           for x in tf.nest.flatten(converted)}
-  if "scalar" in sizes:
+  ranks = {x.shape.rank for x in tf.nest.flatten(converted)}
+  if None in ranks:
+    raise ValueError(f"every argument leaf of {fn!r} needs a known rank (a "
+                     "leading batch dimension, then the per-example shape); "
+                     "got a tensor of unknown rank: give your tf.function's "
+                     "input_signature a shape such as [None] or [None, 3]")
+  if 0 in ranks:
     raise ValueError(f"every argument leaf of {fn!r} needs a leading batch "
                      "dimension; got a scalar tensor")
+  sizes = {x.shape[0] for x in tf.nest.flatten(converted)}
   if len(sizes) != 1:
     raise ValueError(f"arguments of {fn!r} have different batch sizes {sizes}")
   size = sizes.pop()

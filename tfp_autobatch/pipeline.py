@@ -1,6 +1,7 @@
 """The compiler pipeline, in order, and the one cache of converted programs.
 
     Python source --frontend.convert--> IR-1 (untyped, one per entry function)
+      --check_definitely_assigned--> the same, or a ConversionError
       --infer_types--> typed IR-1 (one per input signature)
       --inline, tail_duplicate--> fewer, bigger blocks
       --lower, stack_optimize, branch_at_call, return_early,
@@ -15,8 +16,10 @@ import os
 from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import ir2
+from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import branch_at_call
+from tfp_autobatch.passes import definite_assignment
 from tfp_autobatch.passes import infer_types
 from tfp_autobatch.passes import inline
 from tfp_autobatch.passes import tail_duplicate
@@ -61,12 +64,13 @@ def convert_program(entry):
       bf = queue[len(functions)]
       functions.append(convert.FunctionConverter(
           bf.python_function, names[bf], name_of).convert())
-    _PROGRAMS[entry] = _checked(ir1.Program(tuple(functions)), "convert")
+    program = _checked(ir1.Program(tuple(functions)), "convert")
+    _PROGRAMS[entry] = definite_assignment.check_definitely_assigned(program)
   return _PROGRAMS[entry]
 
 
 def typed_program(entry, arg_types):
-  key = (entry, tuple(arg_types))
+  key = (entry, types_lib.hashable(tuple(arg_types)))
   if key not in _TYPED:
     program = convert_program(entry)
     program = _checked(infer_types.infer_types(program, arg_types),
@@ -126,7 +130,7 @@ def stack_program(entry, arg_types):
 
 def runtime(entry, arg_types, backend):
   from tfp_autobatch import backends
-  key = (entry, tuple(arg_types), backend)
+  key = (entry, types_lib.hashable(tuple(arg_types)), backend)
   if key not in _RUNTIMES:
     _RUNTIMES[key] = backends.make_runtime(
         backend, typed_program(entry, arg_types), entry.max_stack_depth)

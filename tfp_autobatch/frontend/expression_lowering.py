@@ -56,7 +56,8 @@ class ExpressionLowering(ast.NodeTransformer):
     out = self.c.fresh("t")
     self.c.flush()
     if kind == "call":
-      self.c.ops.append(ir1.Call((out,), self.c.callee_name(value), ins))
+      self.c.ops.append(ir1.Call((out,), self.c.callee_name(value), ins,
+                                  node.lineno))
     else:
       code = ir1.Code(value.as_primitive_fn(), ast.unparse(node),
                       self.c.filename, node.lineno)

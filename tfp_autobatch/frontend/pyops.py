@@ -64,13 +64,18 @@ def all_of(*conditions):
 
 
 def range_init(*args):
-  """(start, stop, step) of `range(*args)`, as tensors of one integer dtype."""
+  """(start, stop, step) of `range(*args)`, as tensors of one integer
+  dtype, or as the Python ints they are if all are (so the loop variable
+  is typed as a literal, and takes the dtype of what it is compared with;
+  see `passes.infer_types`)."""
   if len(args) == 1:
     start, stop, step = 0, args[0], 1
   elif len(args) == 2:
     (start, stop), step = args, 1
   else:
     start, stop, step = args
+  if all(isinstance(a, int) for a in (start, stop, step)):
+    return start, stop, step
   dtype = next((tf.convert_to_tensor(a).dtype for a in (start, stop, step)
                 if not isinstance(a, int)), tf.int32)
   return tuple(tf.cast(a, dtype) for a in (start, stop, step))

@@ -44,6 +44,7 @@ class Call:
   outs: tuple
   callee: str
   ins: tuple
+  lineno: int = 0   # the call's line in the caller (0: not known)
 
 
 @dataclasses.dataclass(frozen=True)

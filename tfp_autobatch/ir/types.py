@@ -45,13 +45,27 @@ def type_of_value(value, batched=False):
   return tf.nest.map_structure(leaf, value)
 
 
+def hashable(var_type):
+  """A hashable stand-in for a nest of types, for the caches keyed by
+  types (a value held in a list or dict has a list or dict type, which
+  Python cannot hash). Two nests get equal stand-ins iff they are equal."""
+  if isinstance(var_type, list):
+    return (list,) + tuple(hashable(t) for t in var_type)
+  if isinstance(var_type, dict):
+    return (dict,) + tuple((k, hashable(t))
+                           for k, t in sorted(var_type.items()))
+  if isinstance(var_type, tuple):
+    return (type(var_type),) + tuple(hashable(t) for t in var_type)
+  return var_type
+
+
 def _join_leaf(a, b, what):
   if a == b:
     return a
   if a.shape == b.shape:
-    if a.weak and not b.weak and _compatible_kind(a.dtype, b.dtype):
+    if a.weak and not b.weak and compatible_kind(a.dtype, b.dtype):
       return b
-    if b.weak and not a.weak and _compatible_kind(b.dtype, a.dtype):
+    if b.weak and not a.weak and compatible_kind(b.dtype, a.dtype):
       return a
     if a.weak and b.weak:
       # int literal joined with float literal: float wins.
@@ -61,7 +75,7 @@ def _join_leaf(a, b, what):
       "Give it one dtype and shape on every path (e.g. with tf.cast).")
 
 
-def _compatible_kind(weak_dtype, strong_dtype):
+def compatible_kind(weak_dtype, strong_dtype):
   """Can a Python literal of `weak_dtype` take `strong_dtype`?"""
   if weak_dtype == tf.bool:
     return strong_dtype == tf.bool

@@ -18,8 +18,28 @@ _MAX_SWEEPS = 100
 
 
 def infer_types(program, arg_types):
-  """Returns `program` with `types` filled in for entry args `arg_types`."""
-  env = {}
+  """Returns `program` with `types` filled in for entry args `arg_types`.
+
+  A variable typed by Python literals alone (`i = 0; i += 1`) is weak: it
+  takes TensorFlow's default dtype (int32, float32) unless it is joined
+  with a value of another. Where that default makes a primitive fail (`i <
+  n` with an int64 `n`, as NumPy's default integers are), the variable
+  takes the dtype of the primitive's other inputs instead, as the literal
+  would in Python (`_promoted_literals`), and the types are inferred again.
+  """
+  chosen = {}   # (function, variable) -> the type a literal variable takes
+  while True:
+    env = _fixpoint(program, arg_types, chosen)
+    promoted = _promoted_literals(program, env)
+    if not promoted:
+      break
+    chosen.update(promoted)
+  _check_complete(program, env)
+  return ir1.Program(program.functions, env)
+
+
+def _fixpoint(program, arg_types, chosen):
+  env = dict(chosen)
   entry = program.entry
   for param, t in zip(entry.params, arg_types):
     env[(entry.name, param)] = t
@@ -29,11 +49,81 @@ def infer_types(program, arg_types):
       if all((fn.name, p) in env for p in fn.params):
         _sweep_function(program, fn, env)
     if env == before:
-      break
-  else:
-    raise errors.TypeInferenceError("type inference did not converge")
-  _check_complete(program, env)
-  return ir1.Program(program.functions, env)
+      return env
+  raise errors.TypeInferenceError("type inference did not converge")
+
+
+def _promoted_literals(program, env):
+  """`{(function, variable): strong type}` for the literal-typed (weak)
+  scalar inputs of the first primitive that fails on their default dtype,
+  each given the dtype of the primitive's other inputs that lets it run;
+  {} if every primitive runs. Raises `TypeInferenceError` naming the
+  variables if no such dtype does. First, an argument of a call that is
+  weaker than its parameter (the literal `0` where the parameter is int64)
+  takes the parameter's type, so that a call passes its arguments as they
+  are."""
+  for fn in program.functions:
+    for block in fn.blocks:
+      for op in block.ops:
+        if isinstance(op, ir1.Call):
+          params = program.function(op.callee).params
+          promoted = {}
+          for v, param in zip(op.ins, params):
+            arg_t, param_t = env.get((fn.name, v)), env.get((op.callee, param))
+            if (arg_t is not None and param_t is not None and arg_t != param_t
+                and types_lib.join(param_t, arg_t) == param_t):
+              promoted[(fn.name, v)] = param_t
+          if promoted:
+            return promoted
+  for fn in program.functions:
+    for block in fn.blocks:
+      for op in block.ops:
+        in_types = [env.get((fn.name, v)) for v in op.ins]
+        if (not isinstance(op, ir1.Primitive) or op.batched
+            or any(t is None for t in in_types)):
+          continue
+        weak = [i for i, t in enumerate(in_types)
+                if isinstance(t, types_lib.TensorType) and t.weak]
+        if not weak or _runs(op, [_strong(t) for t in in_types]):
+          continue
+        candidates = sorted(
+            {leaf.dtype for t in in_types for leaf in tf.nest.flatten(t)
+             if not leaf.weak and (leaf.dtype.is_integer
+                                   or leaf.dtype.is_floating)},
+            key=lambda d: (not d.is_integer, d.name))
+        for dtype in candidates:
+          trial = list(in_types)
+          for i in weak:
+            if types_lib.compatible_kind(in_types[i].dtype, dtype):
+              trial[i] = types_lib.TensorType(dtype, in_types[i].shape)
+          if _runs(op, [_strong(t) for t in trial]):
+            return {(fn.name, op.ins[i]): trial[i] for i in weak
+                    if trial[i] is not in_types[i]}
+        names = ", ".join(f"'{op.ins[i]}' ({in_types[i].dtype.name}, from "
+                          "Python literals)" for i in weak)
+        raise errors.TypeInferenceError(
+            f"`{op.code.source}` ({op.code.filename}, line "
+            f"{op.code.lineno}) fails on {names} with inputs of types "
+            + ", ".join(f"{v}: {types_lib.format_type(t)}"
+                        for v, t in zip(op.ins, in_types))
+            + ". Give the variable its dtype where it is first assigned, "
+            "e.g. `i = tf.constant(0, tf.int64)` or `tf.zeros_like(n)`")
+  return {}
+
+
+def _strong(var_type):
+  """The type a variable of `var_type` has at run time (weak leaves as
+  tensors of their default dtype)."""
+  return tf.nest.map_structure(
+      lambda t: types_lib.TensorType(t.dtype, t.shape), var_type)
+
+
+def _runs(op, in_types):
+  try:
+    abstract_eval(op, in_types)
+    return True
+  except errors.TypeInferenceError:
+    return False
 
 
 def _join_into(env, key, t):
@@ -76,7 +166,7 @@ _EVAL_CACHE = {}
 
 def abstract_eval(op, in_types):
   """The per-example output types of a Primitive on inputs of `in_types`."""
-  key = (op.code, op.batched, tuple(in_types))
+  key = (op.code, op.batched, types_lib.hashable(tuple(in_types)))
   if key not in _EVAL_CACHE:
     _EVAL_CACHE[key] = _trace_types(op, in_types)
   return _EVAL_CACHE[key]

@@ -138,9 +138,9 @@ def _renamed_block(block, name, done):
       case ir1.Primitive(outs, code, ins, batched):
         ops.append(ir1.Primitive(tuple(map(name, outs)), code,
                                  tuple(map(name, ins)), batched))
-      case ir1.Call(outs, callee, ins):
+      case ir1.Call(outs, callee, ins, lineno):
         ops.append(ir1.Call(tuple(map(name, outs)), callee,
-                            tuple(map(name, ins))))
+                            tuple(map(name, ins)), lineno))
       case _:
         raise errors.IRError(f"unknown IR-1 op {op!r}")
   match block.terminator:

@@ -24,6 +24,7 @@ import os
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _xla
 
 try:   # TF's private pfor entry point; tf.vectorized_map without it
@@ -178,7 +179,8 @@ class KernelCache:
   def get(self, op, in_types, out_types, batch_size=None):
     """The kernel of `op` for inputs of `in_types`, on batches of
     `batch_size` rows (None: any number, known only when it runs)."""
-    key = (op.code, op.batched, tuple(in_types), batch_size)
+    key = (op.code, op.batched, types_lib.hashable(tuple(in_types)),
+           batch_size)
     kernel = self._kernels.get(key)
     if kernel is None:
       signature = [tf.TensorSpec([], tf.int32)] + [
