@@ -335,6 +335,15 @@ def test_rejects_a_variable_assigned_on_some_paths_only():
   error = _rejected(passed_to_a_call, "'m' may be read before it is assigned")
   assert error.lineno == passed_to_a_call.__code__.co_firstlineno + 3
 
+  def read_on_a_later_line(n):    # the read, not the primitive's first line
+    if n > 1:
+      y = n
+    a = n + 1
+    b = a + y
+    return b
+  error = _rejected(read_on_a_later_line, "'y' may be read")
+  assert error.lineno == read_on_a_later_line.__code__.co_firstlineno + 4
+
 
 def test_variables_assigned_on_every_path_are_accepted():
   def both_branches(n):
@@ -357,9 +366,30 @@ def test_variables_assigned_on_every_path_are_accepted():
       return n
     y = n + 1
     return y
+  def after_a_long_range(n):        # a range of Python ints, not empty
+    for i in range(20):              # and too long to unroll
+      last = n + i
+    return last + i
+
+  def after_a_range_left_by_break(n):
+    for i in range(4):
+      last = n + i
+      if last > 2:
+        break
+    return last
+
+  def under_if_true(n):
+    if True:  # pylint: disable=using-constant-test
+      y = n
+    return y
   for f in (both_branches, first_pass_of_while_true,
-            assigned_before_any_return):
+            assigned_before_any_return, after_a_long_range,
+            after_a_range_left_by_break, under_if_true):
     verify.verify(ir_of(f), "test")
+    batched = tab.batch(f)
+    np.testing.assert_array_equal(
+        batched(np.array([0, 1, 3]), backend="local:eager"),
+        [f(n) for n in (0, 1, 3)])
 
 
 def test_loop_forever_with_return_inside_is_fine():
@@ -435,8 +465,46 @@ def test_literal_with_no_dtype_that_runs_is_a_clear_error():
       return tf.gather(v, k) + x * k   # an index and a float factor at once
     return x
   with pytest.raises(tab.TypeInferenceError,
-                     match=r"'k' \(int32, from Python literals\).*tf.constant"):
+                     match=r"'k', typed by Python literals.*tf.cast"):
     f(np.ones([2, 3], np.float32), np.ones([2], np.float32))
+
+
+@pytest.mark.parametrize("n, match", [
+    (np.array([3, 20], np.int8), r"'i'.*n: int8"),         # would wrap
+    (np.array([0.5, 2.0]), r"'i'.*n: float64.*tf.cast"),   # stays an int
+])
+def test_an_integer_literal_takes_no_narrow_or_float_dtype(n, match):
+  # A counter promoted to int8 wrapped silently; one promoted to float32
+  # stopped counting past 2**24 (a loop that never ended).
+  @tab.batch
+  def count_to(n):
+    i = 0
+    while i < n:
+      i += 1
+    return i
+  with pytest.raises(tab.TypeInferenceError, match=match):
+    count_to(n)
+
+
+def test_a_literal_inside_a_tuple_takes_the_dtype_it_is_compared_with():
+  @tab.batch
+  def count_to(n):
+    state = (0, n)
+    while state[0] < n:
+      state = (state[0] + 2, n)
+    return state[0]
+  out = count_to(np.array([0, 5], np.int64), backend="pc:graph")
+  assert out.dtype == tf.int64
+  np.testing.assert_array_equal(out, [0, 6])
+
+
+def test_a_list_indexed_per_example_says_to_stack_it():
+  @tab.batch
+  def pick(x, k):
+    values = [x, 2 * x, 3 * x]
+    return values[k]
+  with pytest.raises(tab.TypeInferenceError, match=r"tf.stack.*tf.gather"):
+    pick(np.ones([2], np.float32), np.array([0, 2], np.int32))
 
 
 def test_verify_catches_a_broken_program():

@@ -13,6 +13,7 @@ that `name_analysis` finds.
 import ast
 import builtins
 import copy
+import dataclasses
 import itertools
 
 import tensorflow as tf
@@ -121,7 +122,7 @@ class FunctionConverter:
     if not self.pending:
       return
     stmts, self.pending = self.pending, []
-    ins, outs = [], []
+    ins, outs, read_lines = [], [], []
     for stmt in stmts:
       reads = name_analysis.read_names(stmt.value)
       if isinstance(stmt, ast.AugAssign):
@@ -129,13 +130,15 @@ class FunctionConverter:
       for n in reads:
         if n in self.locals and n not in outs and n not in ins:
           ins.append(n)
+          read_lines.append((n, stmt.lineno))
       targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
       for t in targets:
         for n in name_analysis.target_names(t):
           if n not in outs:
             outs.append(n)
-    self.ops.append(ir1.Primitive(tuple(outs), self.compile(stmts, ins, outs),
-                                  tuple(ins)))
+    code = dataclasses.replace(self.compile(stmts, ins, outs),
+                               read_lines=tuple(read_lines))
+    self.ops.append(ir1.Primitive(tuple(outs), code, tuple(ins)))
 
   def finish(self, terminator):
     self.flush()
@@ -288,6 +291,11 @@ class FunctionConverter:
     return cond
 
   def if_statement(self, s):
+    if isinstance(s.test, ast.Constant):
+      # `if True:` / `if False:` (debugging switches): only the branch
+      # taken, so what it assigns is assigned after it.
+      self.statements(s.body if s.test.value else s.orelse)
+      return
     cond = self.condition(s.test)
     then_label, else_label, join = (self.new_label("then"),
                                     self.new_label("else"),
@@ -304,9 +312,11 @@ class FunctionConverter:
         self.finish(ir1.Jump(join))
     self.start(join)
 
-  def loop(self, header, cond, body_stmts, prologue=()):
-    """Emits `header: cond? body : exit`, returns with `exit` started."""
-    body, exit_label = self.new_label("body"), self.new_label("endloop")
+  def loop(self, header, cond, body_stmts, prologue=(), body=None):
+    """Emits `header: cond? body : exit`, returns with `exit` started
+    (`body`: the body's label, if the caller needs it first)."""
+    body = body or self.new_label("body")
+    exit_label = self.new_label("endloop")
     if cond is None:   # `while True`: leaves only by break or return
       self.finish(ir1.Jump(body))
     else:
@@ -363,8 +373,11 @@ class FunctionConverter:
                                     for n in (counter, stop, step)],
                                    ast.Store())], init)
     self.pending.append(ast.copy_location(unpack, s))
-    header = self.new_label("for")
-    self.finish(ir1.Jump(header))
+    header, body = self.new_label("for"), self.new_label("body")
+    # A range of Python ints that is not empty is entered without a test
+    # (the first one is known to pass): the body runs at least once, so
+    # what it assigns is assigned after the loop, as in Python.
+    self.finish(ir1.Jump(body if self.static_range(it) else header))
     self.start(header)
     test = ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()),
                                   "range_continues", ast.Load()),
@@ -379,7 +392,20 @@ class FunctionConverter:
                                         ast.Add(), ast.Name(step, ast.Load())),
                           s),
     ]
-    self.loop(header, cond, s.body, prologue)
+    self.loop(header, cond, s.body, prologue, body)
+
+  def static_range(self, it):
+    """`range(...)` of the Python ints its arguments are now, or None if
+    one is not (a name bound outside the function counts, as for
+    unrolling)."""
+    bounds = []
+    for arg in it.args:
+      value = (arg.value if isinstance(arg, ast.Constant)
+               else self.resolve(arg))
+      if not isinstance(value, int) or isinstance(value, bool):
+        return None
+      bounds.append(value)
+    return range(*bounds)
 
   def static_trips(self, it, body):
     """The values of `range(...)` when they are Python ints known now and
@@ -392,15 +418,8 @@ class FunctionConverter:
     of a call would no longer share its continuation blocks), and at most
     MAX_UNROLLED_ITERATIONS iterations.
     """
-    bounds = []
-    for arg in it.args:
-      value = (arg.value if isinstance(arg, ast.Constant)
-               else self.resolve(arg))
-      if not isinstance(value, int) or isinstance(value, bool):
-        return None
-      bounds.append(value)
-    trips = range(*bounds)
-    if len(trips) > MAX_UNROLLED_ITERATIONS:
+    trips = self.static_range(it)
+    if trips is None or len(trips) > MAX_UNROLLED_ITERATIONS:
       return None
     for stmt in body:
       for node in ast.walk(stmt):

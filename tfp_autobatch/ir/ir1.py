@@ -29,6 +29,7 @@ class Code:
   source: str
   filename: str = "<unknown>"
   lineno: int = 0
+  read_lines: tuple = ()   # (input, the line of its first read), per input
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,7 +71,10 @@ def check_definitely_assigned(program):
 
 
 def _raise_unbound(function, variable, op):
-  lineno = op.code.lineno if isinstance(op, ir1.Primitive) else op.lineno
+  if isinstance(op, ir1.Primitive):
+    lineno = dict(op.code.read_lines).get(variable, op.code.lineno)
+  else:
+    lineno = op.lineno
   raise errors.ConversionError(
       f"variable '{variable}' may be read before it is assigned: some "
       "path through an `if` or a loop reaches this line without assigning "

@@ -83,32 +83,58 @@ def _promoted_literals(program, env):
             or any(t is None for t in in_types)):
           continue
         weak = [i for i, t in enumerate(in_types)
-                if isinstance(t, types_lib.TensorType) and t.weak]
+                if any(leaf.weak for leaf in tf.nest.flatten(t))]
         if not weak or _runs(op, [_strong(t) for t in in_types]):
           continue
-        candidates = sorted(
-            {leaf.dtype for t in in_types for leaf in tf.nest.flatten(t)
-             if not leaf.weak and (leaf.dtype.is_integer
-                                   or leaf.dtype.is_floating)},
-            key=lambda d: (not d.is_integer, d.name))
-        for dtype in candidates:
-          trial = list(in_types)
-          for i in weak:
-            if types_lib.compatible_kind(in_types[i].dtype, dtype):
-              trial[i] = types_lib.TensorType(dtype, in_types[i].shape)
+        for dtype in _candidates(in_types):
+          trial = [tf.nest.map_structure(
+              lambda t, d=dtype: _takes(t, d), t) for t in in_types]
           if _runs(op, [_strong(t) for t in trial]):
             return {(fn.name, op.ins[i]): trial[i] for i in weak
-                    if trial[i] is not in_types[i]}
-        names = ", ".join(f"'{op.ins[i]}' ({in_types[i].dtype.name}, from "
-                          "Python literals)" for i in weak)
-        raise errors.TypeInferenceError(
-            f"`{op.code.source}` ({op.code.filename}, line "
-            f"{op.code.lineno}) fails on {names} with inputs of types "
-            + ", ".join(f"{v}: {types_lib.format_type(t)}"
-                        for v, t in zip(op.ins, in_types))
-            + ". Give the variable its dtype where it is first assigned, "
-            "e.g. `i = tf.constant(0, tf.int64)` or `tf.zeros_like(n)`")
+                    if trial[i] != in_types[i]}
+        _raise_unpromotable(op, in_types, weak)
   return {}
+
+
+def _candidates(in_types):
+  """The dtypes a literal among `in_types` may take: those of the strong
+  leaves, integers first, none under 32 bits (an int8 counter would wrap
+  where Python's would not)."""
+  return sorted(
+      {leaf.dtype for t in in_types for leaf in tf.nest.flatten(t)
+       if not leaf.weak and (leaf.dtype.is_integer or leaf.dtype.is_floating)
+       and leaf.dtype.size >= 4},
+      key=lambda d: (not d.is_integer, d.name))
+
+
+def _takes(leaf, dtype):
+  """`leaf` as it would be if a literal leaf took `dtype`: an integer
+  literal only an integer dtype (a float loop counter stops counting
+  past 2**24), a float literal only a float one."""
+  if leaf.weak and (leaf.dtype.is_integer == dtype.is_integer
+                    and types_lib.compatible_kind(leaf.dtype, dtype)):
+    return types_lib.TensorType(dtype, leaf.shape)
+  return leaf
+
+
+def _raise_unpromotable(op, in_types, weak):
+  """The error for a primitive that fails on its literal-typed inputs
+  whatever dtype they take. Names the user's variables (the frontend's
+  own, `_i0` and the like, only if there are no others)."""
+  names = [op.ins[i] for i in weak]
+  names = [n for n in names if not n.startswith("_")] or names
+  raise errors.TypeInferenceError(
+      f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
+      f"fails on {', '.join(repr(n) for n in names)}, typed by Python "
+      "literals (TensorFlow's int32/float32), with inputs of types "
+      + ", ".join(f"{v}: {types_lib.format_type(t)}"
+                  for v, t in zip(op.ins, in_types))
+      + (" (names starting with `_` are the frontend's: `_iN` and `_stepN` "
+         "count a `for` loop over a range)" if names[0].startswith("_") else "")
+      + ". An integer literal stays an integer of at least 32 bits: cast "
+      "where it meets another dtype (`tf.cast(i, x.dtype)`), or give the "
+      "variable its dtype where it is first assigned (`i = tf.constant(0, "
+      "tf.int64)`)")
 
 
 def _strong(var_type):
@@ -191,9 +217,13 @@ def _trace_types(op, in_types):
   except Exception as e:  # pylint: disable=broad-except
     shown = ", ".join(f"{v}: {types_lib.format_type(t)}"
                       for v, t in zip(op.ins, in_types))
+    hint = ""
+    if isinstance(e, TypeError) and "list indices" in str(e):
+      hint = (". A Python list cannot be indexed by a per-example value: "
+              "stack it (`tf.stack(values)`) and index with `tf.gather`")
     raise errors.TypeInferenceError(
         f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
-        f"fails on inputs of types ({shown}): {type(e).__name__}: {e}"
+        f"fails on inputs of types ({shown}): {type(e).__name__}: {e}{hint}"
     ) from e
   return found[0]
 
