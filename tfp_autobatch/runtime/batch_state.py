@@ -4,7 +4,26 @@ Both strategies use these to read and write the state of a subset of the
 batch: gather the members that run a block, scatter their results back, or
 select with a mask.
 """
+import numpy as np
 import tensorflow as tf
+
+
+def size(x, axis=0):
+  """The size of `x`'s dimension `axis`: a Python int where the shape
+  knows it (under `pc:xla`, which traces once per batch size, the batch
+  size always), else a scalar tensor. A static size costs the trace no
+  ops: `tf.shape(x)[0]` is five (a NUTS trace took it a few hundred
+  times)."""
+  static = x.shape[axis]
+  return static if static is not None else tf.shape(x)[axis]
+
+
+def row_indices(n):
+  """`[0, 1, ..., n - 1]` as int32: one constant when `n` is a Python int
+  (see `size`), else `tf.range(n)`."""
+  if isinstance(n, int):
+    return tf.constant(np.arange(n, dtype=np.int32))
+  return tf.range(n)
 
 
 def gather(value, indices):

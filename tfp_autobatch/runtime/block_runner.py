@@ -33,7 +33,8 @@ def _row_sources(mask):
   empty batch)."""
   first = tf.cast(tf.argmax(tf.concat([tf.cast(mask, tf.int32), [1]], 0)),
                   tf.int32)
-  return tf.where(mask, tf.range(tf.shape(mask)[0]), first)
+  return tf.where(mask, batch_state.row_indices(batch_state.size(mask)),
+                  first)
 
 
 def _check_hoistable(block):
@@ -95,7 +96,7 @@ class BlockRunner:
     state = dict(small)
     variables = dict(state["vars"])
     pc_top = state["pc_top"]
-    z = tf.shape(pc_top)[0]
+    z = batch_state.size(pc_top)
     static_z = pc_top.shape[0]   # known under pc:xla (`compiled_for`)
     if static_z == 1:
       # The one member is at this block: the schedule picked it.

@@ -311,7 +311,7 @@ class PcVmRuntime:
     # Only the banked leaves are read (by `changes`, for the padding).
     banked = self._banks.join(state["banks"],
                               [None] * self._registers.num_leaves)
-    z = tf.shape(self._register(state, "pc_top"))[0]
+    z = batch_state.size(self._register(state, "pc_top"))
     return (state["registers"],
             self._banks.changes(banked, banked, frozenset(),
                                 dispatch.bank_capacity),
@@ -323,7 +323,7 @@ class PcVmRuntime:
   def _initial_state(self, args):
     p = self.program
     leaves = tf.nest.flatten(args)
-    z = tf.shape(leaves[0])[0]
+    z = batch_state.size(leaves[0])
     d = self.depth
     values = dict(zip(p.params, args))
     variables = {}
@@ -441,7 +441,7 @@ class PcVmRuntime:
     dispatch = self._dispatch_of[index]
     changed = self._banks.changes(after, before, self._changed[index],
                                   dispatch.bank_capacity)
-    z = tf.shape(after["pc_top"])[0]
+    z = batch_state.size(after["pc_top"])
     return (self._registers.pack(self._banks.rest(after)), changed,
             dispatch.writes.pack(self._stacks.pack(
                 writes, z, dispatch.stack_capacity)), rows,

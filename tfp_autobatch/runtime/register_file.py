@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from tfp_autobatch import errors
 from tfp_autobatch.runtime import _xla
+from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import fusible
 
 # A packed leaf: its dtype, the dtype of the file it is packed in, and its
@@ -126,7 +127,8 @@ class RegisterFile:
       for chunk, padding in self._chunks[key]:
         piece = _as_columns([next(cols) for _ in chunk])
         if padding:
-          piece.append(tf.zeros([tf.shape(first)[0], padding], first.dtype))
+          piece.append(tf.zeros([batch_state.size(first), padding],
+                                first.dtype))
         pieces.append(piece[0] if len(piece) == 1
                       else tf.concat(piece, axis=1))
       files[key] = (pieces[0] if len(pieces) == 1 else tf.reshape(
@@ -140,8 +142,17 @@ class RegisterFile:
     # leaves) are its columns as they are; other leaves are read alone
     # (`unpack_leaf`). A slice per leaf cost the trace (and the first
     # call's compilation) a few ops each, hundreds of times.
-    columns = {key: tf.unstack(file, num=file.shape[1], axis=1)
-               for key, file in files.items()}
+    # Columns are unstacked once per dtype they are read as: the boolean
+    # leaves of an int32 file from one cast of the whole file, not a cast
+    # each (NUTS's blocks read about forty flags).
+    columns = {}
+    def column(slot, i):
+      key = (slot.file.name, slot.dtype)
+      if key not in columns:
+        file = files[slot.file.name]
+        columns[key] = tf.unstack(tf.cast(file, slot.dtype),
+                                  num=file.shape[1], axis=1)
+      return columns[key][self._columns[i]]
     loose_leaves = iter(loose)
     leaves = []
     for i, slot in enumerate(self._slots):
@@ -150,8 +161,7 @@ class RegisterFile:
       elif slot.event_shape:
         leaves.append(self.unpack_leaf(files, loose, i))
       else:
-        leaves.append(tf.cast(columns[slot.file.name][self._columns[i]],
-                              slot.dtype))
+        leaves.append(column(slot, i))
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
   @property

@@ -34,9 +34,10 @@ StackWrite = collections.namedtuple("StackWrite", ["row", "value", "mask"])
 
 def _index(stack, sp):
   """Gather/scatter indices of `(sp[i], i)`, sp clipped into the stack."""
-  depth = tf.shape(tf.nest.flatten(stack)[0])[0]
+  depth = batch_state.size(tf.nest.flatten(stack)[0])
   sp = tf.clip_by_value(sp, 0, depth - 1)
-  return tf.stack([sp, tf.range(tf.shape(sp)[0])], axis=1)
+  return tf.stack([sp, batch_state.row_indices(batch_state.size(sp))],
+                  axis=1)
 
 
 def _row_or_skip(write, depth):
@@ -58,8 +59,9 @@ def apply_stack_write(stack, write, xla=False):
   XLA's scatter skips; elsewhere (TF raises on such rows) their old rows
   are gathered and written back unchanged."""
   if xla:
-    row = _row_or_skip(write, tf.shape(tf.nest.flatten(stack)[0])[0])
-    idx = tf.stack([row, tf.range(tf.shape(row)[0])], axis=1)
+    row = _row_or_skip(write, batch_state.size(tf.nest.flatten(stack)[0]))
+    idx = tf.stack([row, batch_state.row_indices(batch_state.size(row))],
+                   axis=1)
     return tf.nest.map_structure(
         lambda s, v: tf.tensor_scatter_nd_update(s, idx, v), stack,
         write.value)
@@ -145,11 +147,12 @@ class StackBanks:
               for name in self.names}
     rows = {key: [] for key in self.sizes}
     values = {key: [] for key in self.sizes}
+    members = batch_state.row_indices(z)
     for name, write in writes.items():
       row = _row_or_skip(write, self.depth)
       for value, (key, slot) in zip(tf.nest.flatten(write.value),
                                     self._slots[name]):
-        rows[key].append(tf.stack([row, tf.fill([z], slot), tf.range(z)],
+        rows[key].append(tf.stack([row, tf.fill([z], slot), members],
                                   axis=1))
         values[key].append(value)
     packed = {}
