@@ -476,14 +476,8 @@ def test_literal_with_no_dtype_that_runs_is_a_clear_error():
 def test_an_integer_literal_takes_no_narrow_or_float_dtype(n, match):
   # A counter promoted to int8 wrapped silently; one promoted to float32
   # stopped counting past 2**24 (a loop that never ended).
-  @tab.batch
-  def count_to(n):
-    i = 0
-    while i < n:
-      i += 1
-    return i
   with pytest.raises(tab.TypeInferenceError, match=match):
-    count_to(n)
+    _count_to(n)
 
 
 def test_a_literal_inside_a_tuple_takes_the_dtype_it_is_compared_with():
