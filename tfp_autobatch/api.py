@@ -47,6 +47,11 @@ class BatchedFunction:
   def __repr__(self):
     return f"<tab.batch {self.python_function.__qualname__}>"
 
+  @functools.cached_property
+  def param_names(self):
+    """The names of the Python function's parameters: one batch each."""
+    return tuple(inspect.signature(self.python_function).parameters)
+
   @tf.autograph.experimental.do_not_convert
   def __call__(self, *args, backend=None):
     if _UNBATCHED.get():
@@ -104,7 +109,7 @@ class BatchedFunction:
 
 def _prepare(fn, args):
   """Converts arguments to tensors; returns (args, per-example types, size)."""
-  params = inspect.signature(fn.python_function).parameters
+  params = fn.param_names
   if not params:
     raise TypeError(f"{fn!r} needs at least one batch argument: the batch "
                     "size is the arguments' leading dimension")

@@ -13,7 +13,6 @@ that `name_analysis` finds.
 import ast
 import builtins
 import copy
-import dataclasses
 import itertools
 
 import tensorflow as tf
@@ -136,17 +135,18 @@ class FunctionConverter:
         for n in name_analysis.target_names(t):
           if n not in outs:
             outs.append(n)
-    code = dataclasses.replace(self.compile(stmts, ins, outs),
-                               read_lines=tuple(read_lines))
-    self.ops.append(ir1.Primitive(tuple(outs), code, tuple(ins)))
+    self.ops.append(ir1.Primitive(
+        tuple(outs), self.compile(stmts, ins, outs, tuple(read_lines)),
+        tuple(ins)))
 
   def finish(self, terminator):
     self.flush()
     self.blocks.append(ir1.Block(self.label, tuple(self.ops), terminator))
     self.label = None
 
-  def compile(self, stmts, ins, outs):
-    """Compiles statements into `fn(*ins) -> tuple(outs)` in the user's scope."""
+  def compile(self, stmts, ins, outs, read_lines=()):
+    """Compiles statements into `fn(*ins) -> tuple(outs)` in the user's
+    scope (`read_lines`: see `ir1.Code`)."""
     name = f"{self.py_fn.__name__}_L{stmts[0].lineno}"
     ret = ast.Return(ast.Tuple([ast.Name(o, ast.Load()) for o in outs],
                                ast.Load()))
@@ -175,7 +175,7 @@ class FunctionConverter:
          self.py_fn.__globals__, namespace)
     fn = namespace["__tab_make"](pyops, *[self.closure[v] for v in free])
     source = "; ".join(ast.unparse(s) for s in stmts)
-    return ir1.Code(fn, source, self.filename, stmts[0].lineno)
+    return ir1.Code(fn, source, self.filename, stmts[0].lineno, read_lines)
 
   def assign(self, name, value_node, like):
     stmt = ast.Assign([ast.Name(name, ast.Store())], value_node)
@@ -354,7 +354,8 @@ class FunctionConverter:
     if not isinstance(s.target, ast.Name):
       raise self.error(s, "a for loop target that is not a plain name",
                        "loop over range(...) into one variable")
-    trips = self.static_trips(it, s.body)
+    static = self.static_range(it)
+    trips = self.static_trips(static, s.body)
     if trips is not None:
       # Every member runs the same iterations: no loop blocks at all.
       for i in trips:
@@ -377,7 +378,7 @@ class FunctionConverter:
     # A range of Python ints that is not empty is entered without a test
     # (the first one is known to pass): the body runs at least once, so
     # what it assigns is assigned after the loop, as in Python.
-    self.finish(ir1.Jump(body if self.static_range(it) else header))
+    self.finish(ir1.Jump(body if static else header))
     self.start(header)
     test = ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()),
                                   "range_continues", ast.Load()),
@@ -407,9 +408,9 @@ class FunctionConverter:
       bounds.append(value)
     return range(*bounds)
 
-  def static_trips(self, it, body):
-    """The values of `range(...)` when they are Python ints known now and
-    unrolling the loop is safe and cheap, else None.
+  def static_trips(self, trips, body):
+    """`trips` (a `static_range`, or None) when unrolling the loop is safe
+    and cheap, else None.
 
     Like AutoGraph's Python loops, a loop over a range of Python ints (a
     literal or a name bound outside the function) is unrolled, but only when
@@ -418,7 +419,6 @@ class FunctionConverter:
     of a call would no longer share its continuation blocks), and at most
     MAX_UNROLLED_ITERATIONS iterations.
     """
-    trips = self.static_range(it)
     if trips is None or len(trips) > MAX_UNROLLED_ITERATIONS:
       return None
     for stmt in body:

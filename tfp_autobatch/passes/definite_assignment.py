@@ -19,18 +19,6 @@ from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
 
 
-def _successors(terminator):
-  match terminator:
-    case ir1.Jump(target):
-      return (target,)
-    case ir1.Branch(_, then_label, else_label):
-      return (then_label, else_label)
-    case ir1.Return():
-      return ()
-    case other:
-      raise errors.IRError(f"not an IR-1 terminator: {other!r}")
-
-
 def assigned_at_entry(function):
   """`{label: variables assigned on every path to the block's entry}`;
   blocks no path reaches are left out."""
@@ -43,7 +31,7 @@ def assigned_at_entry(function):
     assigned = set(result[label])
     for op in blocks[label].ops:
       assigned.update(op.outs)
-    for s in _successors(blocks[label].terminator):
+    for s in ir1.successors(blocks[label].terminator):
       old = result.get(s)
       new = frozenset(assigned) if old is None else old & assigned
       if new != old:

@@ -54,9 +54,10 @@ def _fixpoint(program, arg_types, chosen):
 
 
 def _promoted_literals(program, env):
-  """`{(function, variable): strong type}` for the literal-typed (weak)
-  scalar inputs of the first primitive that fails on their default dtype,
-  each given the dtype of the primitive's other inputs that lets it run;
+  """`{(function, variable): type}` for the inputs with literal-typed
+  (weak) leaves of the first primitive that fails on their default dtype,
+  those leaves given the dtype of the primitive's other inputs that lets
+  it run (see `_candidates`, `_takes`);
   {} if every primitive runs. Raises `TypeInferenceError` naming the
   variables if no such dtype does. First, an argument of a call that is
   weaker than its parameter (the literal `0` where the parameter is int64)

@@ -28,8 +28,8 @@ def _set_rows(stack, sp, value, mask):
   XLA on CPU runs a scatter as a loop over rows, a select as one fused pass.
   """
   def leaf(s, v):
-    depth = batch_state.row_indices(batch_state.size(s))
-    hit = tf.logical_and(tf.equal(depth[:, None], sp[None, :]),
+    rows = batch_state.row_indices(batch_state.size(s))
+    hit = tf.logical_and(tf.equal(rows[:, None], sp[None, :]),
                          mask[None, :])
     return batch_state.where(hit, v[None], s)
   return tf.nest.map_structure(leaf, stack, value)
