@@ -345,6 +345,37 @@ def test_rejects_a_variable_assigned_on_some_paths_only():
   assert error.lineno == read_on_a_later_line.__code__.co_firstlineno + 4
 
 
+def _batched_adder():
+  @tab.batch
+  def inner(n):
+    return n + 1
+  return inner
+
+
+def _batched_unassigned_read():
+  @tab.batch
+  def inner(n):
+    if n > 1:
+      y = n
+    return y
+  return inner
+
+
+def test_errors_name_the_python_function_when_two_share_a_name():
+  # The program renames the second `inner` it meets to `inner_2`; a
+  # message names the function the user wrote.
+  first, second = _batched_adder(), _batched_unassigned_read()
+
+  @tab.batch
+  def outer(n):
+    return first(n) + second(n)
+
+  with pytest.raises(tab.ConversionError) as info:
+    outer(np.array([1, 2]))
+  assert info.value.function == "_batched_unassigned_read.<locals>.inner"
+  assert "inner_2" not in str(info.value)
+
+
 def test_variables_assigned_on_every_path_are_accepted():
   def both_branches(n):
     if n > 1:

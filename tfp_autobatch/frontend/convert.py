@@ -210,7 +210,8 @@ class FunctionConverter:
       raise self.error(self.node.body[-1], "reaching the end of the function "
                        "without `return`", "make every path return a value")
     return ir1.Function(self.ir_name, params, self.result, tuple(blocks),
-                        self.filename, self.node.lineno)
+                        self.filename, self.node.lineno,
+                        self.py_fn.__qualname__)
 
   def statements(self, stmts):
     for stmt in stmts:

@@ -80,6 +80,14 @@ class Function:
   blocks: tuple
   filename: str = "<unknown>"
   lineno: int = 0
+  python_name: str = ""   # the Python function's qualified name
+
+  @property
+  def shown_name(self):
+    """The name messages give: the Python function's, not the program's
+    (two batched functions may share a Python name; the program renames
+    the second `name_2`)."""
+    return self.python_name or self.name
 
   def block(self, label):
     for b in self.blocks:

@@ -69,6 +69,6 @@ def _raise_unbound(function, variable, op):
       "it (Python would raise UnboundLocalError for such an example; a "
       "batched program would silently read a zero). Assign it a value "
       "before the `if` or loop, on every path",
-      function=function.name, filename=function.filename,
+      function=function.shown_name, filename=function.filename,
       lineno=lineno or function.lineno,
       construct="a possibly unassigned variable")

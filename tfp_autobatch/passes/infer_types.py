@@ -235,12 +235,12 @@ def _check_complete(program, env):
       continue   # never called with these inputs
     if (fn.name, fn.result) not in env:
       raise errors.TypeInferenceError(
-          f"cannot infer the result type of '{fn.name}': no path returns "
+          f"cannot infer the result type of '{fn.shown_name}': no path returns "
           "without first calling itself (is there a base case?)")
     for block in fn.blocks:
       if isinstance(block.terminator, ir1.Branch):
         t = env.get((fn.name, block.terminator.cond))
         if isinstance(t, types_lib.TensorType) and t.shape != ():
           raise errors.TypeInferenceError(
-              f"a condition in '{fn.name}' has shape {t.shape} per example; "
+              f"a condition in '{fn.shown_name}' has shape {t.shape} per example; "
               "conditions must be scalars (reduce with tf.reduce_any/all)")

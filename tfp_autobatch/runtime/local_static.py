@@ -83,7 +83,7 @@ class LocalStaticRuntime:
     """Runs `fn` on a frame of `size` rows; the first `real_size` are real."""
     if depth > self.max_stack_depth:
       raise errors.StackOverflowError(
-          f"recursion in '{fn.name}' went deeper than max_stack_depth="
+          f"recursion in '{fn.shown_name}' went deeper than max_stack_depth="
           f"{self.max_stack_depth}; pass a larger one to "
           "@tab.batch(max_stack_depth=...)")
     self.stats.max_stack_depth = max(self.stats.max_stack_depth, depth)

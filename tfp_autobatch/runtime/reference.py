@@ -18,7 +18,7 @@ def run_example(program, args, max_stack_depth):
 def _run(program, fn, args, depth, max_stack_depth):
   if depth > max_stack_depth:
     raise errors.StackOverflowError(
-        f"recursion in '{fn.name}' went deeper than max_stack_depth="
+        f"recursion in '{fn.shown_name}' went deeper than max_stack_depth="
         f"{max_stack_depth}")
   env = dict(zip(fn.params, args))
   block = fn.blocks[0]
@@ -56,6 +56,6 @@ def _run(program, fn, args, depth, max_stack_depth):
 
 def _read(env, fn, var):
   if var not in env:
-    raise UnboundLocalError(f"variable '{var}' of '{fn.name}' is read before "
+    raise UnboundLocalError(f"variable '{var}' of '{fn.shown_name}' is read before "
                             "it is assigned")
   return env[var]
