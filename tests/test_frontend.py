@@ -12,6 +12,8 @@ from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import verify
 
+_LIMIT = 100   # a Python number bound outside the functions under test
+
 
 def ir_of(fn):
   return pipeline.convert_program(tab.batch(fn))
@@ -413,14 +415,58 @@ def test_variables_assigned_on_every_path_are_accepted():
     if True:  # pylint: disable=using-constant-test
       y = n
     return y
+
+  def after_a_while_its_literals_enter(n):   # i = 0 makes i < 3 true
+    i = 0
+    while i < 3:
+      y = n * i
+      i += 1
+    return y
+
+  def after_a_while_not_done(n):
+    done = False
+    k = 0
+    while not done and k < _LIMIT:
+      last = n + k
+      k = k + 1
+      done = k >= n
+    return last
   for f in (both_branches, first_pass_of_while_true,
             assigned_before_any_return, after_a_long_range,
-            after_a_range_left_by_break, under_if_true):
+            after_a_range_left_by_break, under_if_true,
+            after_a_while_its_literals_enter, after_a_while_not_done):
     verify.verify(ir_of(f), "test")
     batched = tab.batch(f)
     np.testing.assert_array_equal(
         batched(np.array([0, 1, 3]), backend="local:eager"),
         [f(n) for n in (0, 1, 3)])
+
+
+def test_a_while_its_literals_may_not_enter_is_not_counted_as_entered():
+  def test_false_at_entry(n):
+    i = 5
+    while i < 3:
+      y = n
+      i += 1
+    return y
+  _rejected(test_false_at_entry, "'y' may be read before it is assigned")
+
+  def literal_replaced(n):          # the last assignment is not a literal
+    i = 0
+    i = n
+    while i < 3:
+      y = n
+      i += 1
+    return y
+  _rejected(literal_replaced, "'y' may be read before it is assigned")
+
+  def test_reads_an_argument(n):
+    i = 0
+    while i < n:
+      y = n
+      i += 1
+    return y
+  _rejected(test_reads_an_argument, "'y' may be read before it is assigned")
 
 
 def test_loop_forever_with_return_inside_is_fine():

@@ -50,6 +50,18 @@ _REJECTED = {
 if hasattr(ast, "TryStar"):
   _REJECTED[ast.TryStar] = _REJECTED[ast.Try]
 
+# What `FunctionConverter.literal_value` evaluates: arithmetic without `**`
+# (no huge powers at conversion), comparisons and `and`/`or`/`not`.
+_LITERAL_NODES = (
+    ast.Constant, ast.Name, ast.Load, ast.UnaryOp, ast.BinOp, ast.BoolOp,
+    ast.Compare, ast.UAdd, ast.USub, ast.Not, ast.Add, ast.Sub, ast.Mult,
+    ast.Div, ast.FloorDiv, ast.Mod, ast.And, ast.Or, ast.Eq, ast.NotEq,
+    ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+def _is_number(value):
+  return isinstance(value, (int, float))   # bool is an int
+
 
 class FunctionConverter:
   """Builds the IR-1 function for one Python function."""
@@ -336,10 +348,64 @@ class FunctionConverter:
       raise self.error(s, "while ... else", "set a flag before `break` and "
                        "test it after the loop")
     header = self.new_label("while")
-    self.finish(ir1.Jump(header))
-    self.start(header)
     forever = isinstance(s.test, ast.Constant) and bool(s.test.value)
-    self.loop(header, None if forever else self.condition(s.test), s.body)
+    # A test that the Python literals assigned just before the loop make
+    # true (`i = 0; while i < 3:`, `done = False; while not done:`) is
+    # known to pass the first time: the loop is entered without it, so
+    # what the body assigns is assigned after the loop, as in Python.
+    body = None
+    if not forever and self.literal_value(
+        s.test, self.pending_literals()) not in (None, 0):
+      body = self.new_label("body")   # (0 == False == 0.0)
+    self.finish(ir1.Jump(body or header))
+    self.start(header)
+    self.loop(header, None if forever else self.condition(s.test), s.body,
+              body=body)
+
+  def pending_literals(self):
+    """`{name: value}` of the variables that the straight-line statements
+    just before this point (those not yet in a Primitive, all in the
+    current block) last assigned a Python number or bool, such as
+    `i = 0`."""
+    known = {}
+    for stmt in self.pending:
+      if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and
+          isinstance(stmt.targets[0], ast.Name)):
+        value = self.literal_value(stmt.value, known)
+        if value is not None:
+          known[stmt.targets[0].id] = value
+          continue
+      targets = (stmt.targets if isinstance(stmt, ast.Assign)
+                 else [stmt.target])
+      for target in targets:
+        for name in name_analysis.target_names(target):
+          known.pop(name, None)
+    return known
+
+  def literal_value(self, node, known):
+    """The Python number or bool `node` evaluates to when it is made only
+    of such literals, names in `known` and names bound outside the
+    function to Python numbers (as for `static_range`), with arithmetic,
+    comparisons and `and`/`or`/`not`; otherwise None."""
+    names = {}
+    for n in ast.walk(node):
+      if not isinstance(n, _LITERAL_NODES):
+        return None
+      if isinstance(n, ast.Constant) and not _is_number(n.value):
+        return None
+      if isinstance(n, ast.Name):
+        value = known.get(n.id, self.resolve(n))
+        if not _is_number(value):
+          return None
+        names[n.id] = value
+    expression = ast.fix_missing_locations(
+        ast.Expression(copy.deepcopy(node)))
+    try:
+      value = eval(compile(expression, "<literal>", "eval"),  # pylint: disable=eval-used
+                   {"__builtins__": {}}, names)
+    except (ArithmeticError, ValueError):
+      return None
+    return value if _is_number(value) else None
 
   def for_statement(self, s):
     if s.orelse:

@@ -13,7 +13,9 @@ control-flow graph: a variable is assigned at a block's entry if it is
 assigned on every path to it (the parameters are assigned at the entry
 block). A `while True` loop enters its body unconditionally (the frontend
 emits a jump, not a branch), so a variable assigned in its first pass is
-assigned after it.
+assigned after it; so does a `for` over a non-empty range of Python ints,
+and a `while` whose test the literals assigned before it make true
+(`FunctionConverter.while_statement`).
 """
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
