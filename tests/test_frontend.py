@@ -569,6 +569,53 @@ def test_a_literal_inside_a_tuple_takes_the_dtype_it_is_compared_with():
   np.testing.assert_array_equal(out, [0, 6])
 
 
+@tab.batch
+def _identity(x):
+  return x
+
+
+@tab.batch
+def _square(i):
+  return i * i
+
+
+@tab.batch
+def _literal_through_a_call(n):
+  j = _identity(1)       # the call is inlined: its result is copied
+  return j + n
+
+
+@tab.batch
+def _float_literal_through_a_call(v):
+  a = 0.5
+  return _identity(a) + v
+
+
+@tab.batch
+def _root_floor(n):
+  i = 0                     # meets only _square's result: stays int32
+  while _square(i) <= n:    # that result meets n: takes int64
+    i += 1
+  return i - 1
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
+@pytest.mark.parametrize("fn, batch, want, dtype", [
+    (_literal_through_a_call, np.array([0, 3]), [1, 4], tf.int64),
+    (_float_literal_through_a_call, np.array([1., 2.]), [1.5, 2.5],
+     tf.float64),
+    (_root_floor, np.array([0, 3, 10]), [0, 1, 3], tf.int32),
+])
+def test_a_literal_promoted_after_a_call_returns_through_it(backend, fn, batch,
+                                                           want, dtype):
+  # The caller's variable took int64 (float64), the callee's result stayed
+  # a literal's int32: the pc backends failed binding the inlined call's
+  # copy ("Can not cast TensorSpec ... int32 to ... int64").
+  out = fn(batch, backend=backend)
+  assert out.dtype == dtype
+  np.testing.assert_allclose(out, want)
+
+
 def test_a_list_indexed_per_example_says_to_stack_it():
   @tab.batch
   def pick(x, k):

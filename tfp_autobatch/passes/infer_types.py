@@ -62,18 +62,26 @@ def _promoted_literals(program, env):
   variables if no such dtype does. First, an argument of a call that is
   weaker than its parameter (the literal `0` where the parameter is int64)
   takes the parameter's type, so that a call passes its arguments as they
-  are."""
+  are; and a callee's result weaker than the variable a call assigns it to
+  (promoted there: `j = ident(1); j + n` with an int64 `n`) takes that
+  variable's type, so that the call returns its result as it is (an
+  inlined call copies it without a cast)."""
+  def stronger(key, than_key):
+    t, than = env.get(key), env.get(than_key)
+    return (t is not None and than is not None and t != than
+            and types_lib.join(t, than) == t)
+
   for fn in program.functions:
     for block in fn.blocks:
       for op in block.ops:
         if isinstance(op, ir1.Call):
-          params = program.function(op.callee).params
+          callee = program.function(op.callee)
           promoted = {}
-          for v, param in zip(op.ins, params):
-            arg_t, param_t = env.get((fn.name, v)), env.get((op.callee, param))
-            if (arg_t is not None and param_t is not None and arg_t != param_t
-                and types_lib.join(param_t, arg_t) == param_t):
-              promoted[(fn.name, v)] = param_t
+          for v, param in zip(op.ins, callee.params):
+            if stronger((op.callee, param), (fn.name, v)):
+              promoted[(fn.name, v)] = env[(op.callee, param)]
+          if stronger((fn.name, op.outs[0]), (op.callee, callee.result)):
+            promoted[(op.callee, callee.result)] = env[(fn.name, op.outs[0])]
           if promoted:
             return promoted
   for fn in program.functions:
