@@ -125,6 +125,32 @@ def test_batched_primitive_hidden_in_a_helper_is_a_clear_error():
     f(np.ones([2, 2], np.float32))
 
 
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
+def test_batched_function_hidden_in_a_helper_is_a_clear_error(backend):
+  # It used to fail deep in type inference, saying its argument needed a
+  # leading batch dimension.
+  def helper(n):
+    return fib(n) + 1
+
+  @tab.batch
+  def f(n):
+    return helper(n)
+  with pytest.raises(tab.ConversionError,
+                     match=r"batched function fib was called from single-"
+                     r"example code.*call it directly"):
+    f(np.array([3, 4]), backend=backend)
+
+
+def test_default_arguments_are_rejected_whatever_the_count():
+  # Leaving the defaulted argument out gave only "takes 2 batch arguments".
+  @tab.batch
+  def scale(x, k=3):
+    return x * k
+  for args in [(np.ones([2]),), (np.ones([2]), np.ones([2]))]:
+    with pytest.raises(tab.ConversionError, match="default arguments"):
+      scale(*args)
+
+
 def test_local_backends_refuse_to_be_traced():
   @tf.function
   def g(x):

@@ -56,6 +56,13 @@ class BatchedFunction:
   def __call__(self, *args, backend=None):
     if _UNBATCHED.get():
       return self.python_function(*args)
+    if vectorize.inside_vectorized_code.get():
+      raise errors.ConversionError(
+          f"batched function {self.python_function.__name__} was called "
+          "from single-example code (a plain helper function or lambda "
+          "called by a @tab.batch function); call it directly in the body "
+          "of a @tab.batch function, or decorate the helper with @tab.batch "
+          "too")
     name = backends.check_name(backend or self.backend
                                or config.current_default_backend())
     args, arg_types, batch_size = _prepare(self, args)
@@ -114,6 +121,9 @@ def _prepare(fn, args):
     raise TypeError(f"{fn!r} needs at least one batch argument: the batch "
                     "size is the arguments' leading dimension")
   if len(args) != len(params):
+    # A signature the frontend rejects (default arguments, *args) is a
+    # clearer error than the count.
+    pipeline.convert_program(fn)
     raise TypeError(
         f"{fn!r} takes {len(params)} batch argument"
         f"{'s' if len(params) != 1 else ''} ({', '.join(params)}), "
