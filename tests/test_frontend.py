@@ -218,6 +218,45 @@ def test_chained_comparison_is_rewritten():
   assert "all_of" in source
 
 
+def _min_max_of_three(a, b):
+  return min(a, b, 1.0) + 10.0 * max(a, 0.5, b)
+
+
+def _is_odd_digit_below_six(x):
+  if x in (1, 3, 5):
+    return 1
+  return 0
+
+
+def _membership_chained_and_negated(x):
+  return (tf.cast(x not in [2, 3], tf.int32)
+          + 10 * tf.cast(0 < x in (1, 2), tf.int32))
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
+@pytest.mark.parametrize("fn, args", [
+    (_min_max_of_three, (np.array([1., -2., 3., 0.7]),
+                         np.array([0., 5., 3., 0.6]))),
+    (_is_odd_digit_below_six, (np.arange(7),)),
+    (_membership_chained_and_negated, (np.arange(5),)),
+])
+def test_min_max_and_in_work_as_in_python(backend, fn, args):
+  # They compared symbolic tensors as Python bools: a TypeInferenceError
+  # saying to use eager execution or tf.function.
+  want = [fn(*[tf.constant(a[i]) for a in args]) for i in range(len(args[0]))]
+  np.testing.assert_allclose(tab.batch(fn)(*args, backend=backend), want)
+
+
+def test_min_max_of_one_sequence_and_in_a_tensor_are_clear_errors():
+  def min_of_a_vector(v):
+    return min(v)
+  _rejected(min_of_a_vector, "min() of one sequence")
+
+  def in_a_tensor(x, v):
+    return x in v
+  _rejected(in_a_tensor, "`in` over something other than a literal tuple")
+
+
 def _rejected(fn, construct):
   with pytest.raises(tab.ConversionError) as info:
     ir_of(fn)

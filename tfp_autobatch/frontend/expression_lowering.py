@@ -30,6 +30,9 @@ def _safe_operand(node):
   return False
 
 
+_ELEMENTWISE_BUILTINS = {min: "min", max: "max"}
+
+
 class ExpressionLowering(ast.NodeTransformer):
   """Rewrites one expression, emitting ops and blocks into the converter."""
 
@@ -48,7 +51,10 @@ class ExpressionLowering(ast.NodeTransformer):
   def visit_Call(self, node):
     kind, value = self.c.batched_kind(node.func)
     if kind is None:
-      return self.generic_visit(node)
+      node = self.generic_visit(node)
+      if self.c.resolve(node.func) in _ELEMENTWISE_BUILTINS:
+        return self._min_max(node)
+      return node
     if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
       raise self.c.error(node, "keyword or starred arguments to a batched "
                          "function", "pass arguments positionally")
@@ -63,6 +69,20 @@ class ExpressionLowering(ast.NodeTransformer):
                       self.c.filename, node.lineno)
       self.c.ops.append(ir1.Primitive((out,), code, ins, batched=True))
     return ast.copy_location(ast.Name(out, ast.Load()), node)
+
+  def _min_max(self, node):
+    """`min(a, b, ...)`/`max(a, b, ...)` as `pyops.minimum`/`maximum`
+    (Python's compare values with `<`, which a symbolic tensor cannot
+    answer)."""
+    name = _ELEMENTWISE_BUILTINS[self.c.resolve(node.func)]
+    if (len(node.args) < 2 or node.keywords
+        or any(isinstance(a, ast.Starred) for a in node.args)):
+      raise self.c.error(node, f"{name}() of one sequence or with keyword "
+                         "arguments", f"pass the values to compare: `{name}(a, "
+                         f"b)`, or reduce a tensor with tf.reduce_{name}")
+    return ast.copy_location(ast.Call(
+        ast.Attribute(ast.Name(pyops.NAME, ast.Load()), f"{name}imum",
+                      ast.Load()), node.args, []), node)
 
   def visit_Name(self, node):
     if isinstance(node.ctx, ast.Load) and node.id in self.c.lambdas:
@@ -116,14 +136,42 @@ class ExpressionLowering(ast.NodeTransformer):
 
   def visit_Compare(self, node):
     node = self.generic_visit(node)
+    for op, right in zip(node.ops, node.comparators):
+      if isinstance(op, (ast.In, ast.NotIn)):
+        if not isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+          raise self.c.error(node, "`in` over something other than a "
+                             "literal tuple or list of values", "compare "
+                             "with each value, or use tf.reduce_any("
+                             "tf.equal(values, x))")
+        if any(isinstance(e, ast.Starred) for e in right.elts):
+          raise self.c.error(node, "a starred value in an `in` test",
+                             "list the values one by one")
     if len(node.ops) == 1:
-      return node
+      return self._membership(node)
     operands = [node.left] + node.comparators
-    pairs = [ast.Compare(a, [op], [b])
+    pairs = [self._membership(ast.Compare(a, [op], [b]))
              for a, op, b in zip(operands, node.ops, operands[1:])]
     return ast.copy_location(ast.Call(
         ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "all_of", ast.Load()),
         pairs, []), node)
+
+  @staticmethod
+  def _membership(node):
+    """A one-operator comparison, with `x in (a, b)` as
+    `pyops.is_one_of(x, a, b)` (Python's compares with `==`, which a
+    symbolic tensor cannot answer as a bool)."""
+    op = node.ops[0]
+    if not isinstance(op, (ast.In, ast.NotIn)):
+      return node
+    test = ast.copy_location(ast.Call(
+        ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "is_one_of",
+                      ast.Load()), [node.left] + node.comparators[0].elts,
+        []), node)
+    if isinstance(op, ast.NotIn):
+      test = ast.copy_location(ast.Call(
+          ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "logical_not",
+                        ast.Load()), [test], []), node)
+    return test
 
   def visit_IfExp(self, node):
     c = self.c

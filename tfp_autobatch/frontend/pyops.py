@@ -63,6 +63,51 @@ def all_of(*conditions):
   return result
 
 
+def minimum(*values):
+  """Python's `min(a, b, ...)` of per-example values: elementwise, the
+  first of equal ones as Python's (`max` likewise)."""
+  return _fold(tf.minimum, min, values)
+
+
+def maximum(*values):
+  """Python's `max(a, b, ...)` of per-example values (see `minimum`)."""
+  return _fold(tf.maximum, max, values)
+
+
+def _fold(tf_op, python_op, values):
+  result = values[0]
+  for value in values[1:]:
+    if isinstance(result, (bool, int, float)) and isinstance(
+        value, (bool, int, float)):
+      result = python_op(result, value)
+    else:
+      result, value = _same_dtype(result, value)
+      result = tf_op(result, value)
+  return result
+
+
+def _same_dtype(a, b):
+  """Two values as tensors of one dtype, a Python number taking the
+  other's."""
+  if isinstance(a, (bool, int, float)):
+    b = tf.convert_to_tensor(b)
+    return tf.convert_to_tensor(a, dtype_hint=b.dtype), b
+  a = tf.convert_to_tensor(a)
+  return a, tf.convert_to_tensor(b, dtype_hint=a.dtype)
+
+
+def is_one_of(x, *values):
+  """Python's `x in (a, b, ...)` for a per-example scalar `x`: whether it
+  equals one of the values."""
+  if all(isinstance(v, (bool, int, float)) for v in (x,) + values):
+    return tf.constant(x in values)
+  result = tf.constant(False)
+  for value in values:
+    a, b = _same_dtype(x, value)
+    result = tf.logical_or(result, truthy(tf.equal(a, b)))
+  return result
+
+
 def range_init(*args):
   """(start, stop, step) of `range(*args)`, as tensors of one integer
   dtype, or as the Python ints they are if all are (so the loop variable
