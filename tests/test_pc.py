@@ -24,6 +24,7 @@ from tfp_autobatch.passes import stack_optimize
 from tfp_autobatch.runtime import batched_primitive_calls
 from tfp_autobatch.runtime import block_runner
 from tfp_autobatch.runtime import pc_vm
+from tfp_autobatch.runtime import pfor_conditions
 from tfp_autobatch.runtime import schedule as schedule_lib
 from tfp_autobatch.runtime import vectorize
 
@@ -523,6 +524,36 @@ def _halve_until_small_np(x):
     while row.sum() > 1.0:
       row *= 0.5
   return x
+
+
+@tab.batch
+def _tf_conditionals(x, k):
+  y = tf.switch_case(k, [lambda: x, lambda: x * 10., lambda: x * 100.])
+  while y > 50.:         # in the VM's loop, beside a Python branch
+    y = y - tf.cond(x > 1.5, lambda: 30., lambda: 40.)
+  return y
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_per_example_tf_cond_and_switch_case_run_on_every_backend(backend):
+  # pfor partitions the rows of a per-example conditional; inside the
+  # pc:xla loop XLA could not compile that ("Reading input as constant from
+  # a dynamic tensor"), so there both branches run and a select picks.
+  x = np.array([1., -1., 2., 0.6], np.float32)
+  k = np.array([0, 1, 2, 2], np.int32)
+  want = [_tf_conditionals.run_unbatched(tf.constant(a), tf.constant(b))
+          for a, b in zip(x, k)]
+  np.testing.assert_allclose(_tf_conditionals(x, k, backend=backend), want)
+
+
+def test_selects_for_conditions_leave_pfor_as_it_was():
+  from tensorflow.python.ops.parallel_for import pfor  # pylint: disable=g-direct-tensorflow-import
+  registry = pfor._pfor_converter_registry  # pylint: disable=protected-access
+  before = dict(registry)
+  with pfor_conditions.as_selects():
+    assert registry["StatelessIf"] is not before["StatelessIf"]
+    assert registry["StatelessCase"] is not before["StatelessCase"]
+  assert registry == before
 
 
 def test_xla_reads_primitive_inputs_without_gathering_them():

@@ -26,6 +26,7 @@ import tensorflow as tf
 from tfp_autobatch import errors
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _xla
+from tfp_autobatch.runtime import pfor_conditions
 
 try:   # TF's private pfor entry point; tf.vectorized_map without it
   from tensorflow.python.ops.parallel_for.control_flow_ops import (
@@ -140,7 +141,8 @@ def batched_fn(op, out_types, inside_xla=False):
 
   `inside_xla`: the kernel runs inside an XLA computation, which then
   computes a value the primitive returns under several names once (see
-  `_computed_once`)."""
+  `_computed_once`), and whose loop cannot hold pfor's partitioned
+  conditionals (`pfor_conditions`)."""
   if op.batched:
     def run_batched(n, *ins):
       del n
@@ -158,8 +160,11 @@ def batched_fn(op, out_types, inside_xla=False):
 
   def run_vectorized(n, *ins):
     del n
-    outs = vectorized_map(per_example, ins, op.code)
-    return _computed_once(outs, ins) if inside_xla else outs
+    if not inside_xla:
+      return vectorized_map(per_example, ins, op.code)
+    with pfor_conditions.as_selects():
+      outs = vectorized_map(per_example, ins, op.code)
+    return _computed_once(outs, ins)
   return run_vectorized
 
 
