@@ -66,9 +66,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   Args:
     target_log_prob_fn: batch-aware log density, called as
       `target_log_prob_fn(*state_parts)` (or on the single state tensor).
-    step_size: a scalar, one per state part, or anything broadcastable to the
-      state parts (e.g. per chain, shape [chains, 1]). Adaptation kernels
-      overwrite it in the kernel results; `one_step` reads it from there.
+    step_size: a scalar, one per state part (a list; a list of one is
+      used for every part), or a tensor that broadcasts to the state parts
+      from the right, as `tfp.mcmc`'s kernels take it (per chain: shape
+      [chains, 1] for a vector part). Adaptation kernels overwrite it in
+      the kernel results; `one_step` reads it from there.
     max_tree_depth: at most 2**max_tree_depth - 1 leapfrog steps (times
       `unrolled_leapfrog_steps`) per trajectory.
     unrolled_leapfrog_steps: leapfrog steps in each tree leaf.
@@ -178,8 +180,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       tape.watch(parts)
       logp = self._call_target(parts, is_list)
     grads = tape.gradient(logp, parts)
-    grads = [tf.zeros_like(p) if g is None else g
-             for p, g in zip(parts, grads)]
+    for i, g in enumerate(grads):
+      if g is None:
+        raise ValueError(
+            "Encountered `None` gradient: target_log_prob_fn's log density "
+            f"does not depend on state part {i} differentiably (it is not "
+            "used, or behind tf.stop_gradient or an integer cast); every "
+            "state part must enter the log density")
     return logp, grads
 
   def _program(self, layout):
@@ -234,6 +241,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   def bootstrap_results(self, init_state):
     parts, is_list = _as_parts(init_state)
     logp, grads = self._value_and_grads(parts, is_list)
+    _check_log_density(logp, parts)
     _check_finite_start(logp)
     step_size = self.step_size
     _check_step_size(step_size, parts, logp.shape.rank)
@@ -243,7 +251,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         target_log_prob=logp,
         grads_target_log_prob=list(grads),
         step_size=tf.nest.map_structure(
-            lambda s: tf.convert_to_tensor(s, logp.dtype), step_size),
+            lambda s: tf.convert_to_tensor(s, parts[0].dtype), step_size),
         log_accept_ratio=zeros,
         leapfrogs_taken=tf.zeros(tf.shape(logp), tf.int32),
         is_accepted=false, reach_max_depth=false, has_divergence=false,
@@ -359,7 +367,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         num_grads_computed=computed,
         gradient_utilization=tf.cast(useful, dtype) / tf.cast(
             tf.maximum(computed, 1), dtype))
-    return (new_parts if is_list else new_parts[0]), new_results
+    new_state = (tf.nest.pack_sequence_as(current_state, new_parts)
+                 if is_list else new_parts[0])
+    return new_state, new_results
 
 
 # -- input handling -------------------------------------------------------------
@@ -385,9 +395,39 @@ def _layout(parts, is_list, kernel_results):
     if p.dtype != dtype:
       raise TypeError("all state parts must share one float dtype, got "
                       f"{[q.dtype.name for q in parts]}")
+  for i, p in enumerate(parts):
+    if p.shape.rank is None or None in p.shape[chain_ndims:].as_list():
+      raise ValueError(
+          f"state part {i} has shape {p.shape}: its dimensions after the "
+          f"{chain_ndims} chain dimension(s) (the per-chain event shape) "
+          "must be known when the kernel is traced (the NUTS program is "
+          "built for one event shape); give your tf.function's "
+          "input_signature those dimensions, e.g. [None, 3]")
   event_shapes = tuple(tuple(int(d) for d in p.shape[chain_ndims:])
                        for p in parts)
   return chain_ndims, (event_shapes, is_list)
+
+
+def _check_log_density(logp, parts):
+  """Raises a clear error for a log density NUTS cannot use: not one value
+  per chain (its shape not a prefix of every part's), or of another dtype
+  than the state (the energies are computed in the state's)."""
+  if logp.dtype != parts[0].dtype:
+    raise TypeError(
+        f"target_log_prob_fn returns {logp.dtype.name} for a "
+        f"{parts[0].dtype.name} state; NUTS computes its energies in the "
+        "state's dtype: cast the log density to it, or start from a "
+        f"{logp.dtype.name} state")
+  for i, p in enumerate(parts):
+    if (logp.shape.rank is not None and p.shape.rank is not None and
+        (p.shape.rank < logp.shape.rank or
+         not p.shape[:logp.shape.rank].is_compatible_with(logp.shape))):
+      raise ValueError(
+          f"target_log_prob_fn returns shape {logp.shape} for state part "
+          f"{i} of shape {p.shape}: it must return one value per chain, "
+          "the state's leading (chain) dimensions, summing over each "
+          "part's event dimensions (e.g. tf.reduce_sum(..., -1) without "
+          "keepdims)")
 
 
 def _check_finite_start(logp):
@@ -417,6 +457,8 @@ def _check_finite_start(logp):
 
 def _step_parts(step_size, num_parts):
   if isinstance(step_size, (list, tuple)):
+    if len(step_size) == 1:   # one for every part, as tfp.mcmc's kernels
+      return list(step_size) * num_parts
     if len(step_size) != num_parts:
       raise ValueError(f"got {len(step_size)} step sizes for a state of "
                        f"{num_parts} parts")
@@ -432,16 +474,14 @@ def _broadcast_step_size(step_size, parts, chain_ndims):
       raise TypeError(f"step size for state part {i} has dtype "
                       f"{s.dtype.name}, the state {p.dtype.name}")
     s = tf.convert_to_tensor(s, p.dtype)
-    event_ndims = p.shape.rank - chain_ndims
-    if (s.shape.rank == chain_ndims and event_ndims > 0 and chain_ndims > 0
-        and s.shape == p.shape[:chain_ndims]
-        and not _broadcastable(s.shape, p.shape)):
-      s = tf.reshape(s, s.shape.as_list() + [1] * event_ndims)  # per chain
     if not _broadcastable(s.shape, p.shape):
-      raise ValueError(f"step size of shape {s.shape} does not broadcast to "
-                       f"state part {i} of shape {p.shape}; use a scalar, one "
-                       "per part, or a shape broadcastable to the part "
-                       "(per chain: [chains] or [chains, 1, ...])")
+      per_chain = (["chains"] * chain_ndims
+                   + [1] * (p.shape.rank - chain_ndims))
+      raise ValueError(
+          f"step size of shape {s.shape} does not broadcast to state part "
+          f"{i} of shape {p.shape}; use a scalar, one per part, or a shape "
+          "that broadcasts to the part from the right, as tfp.mcmc's "
+          f"kernels take it (per chain: [{', '.join(map(str, per_chain))}])")
     out.append(tf.broadcast_to(s, tf.shape(p)))
   return out
 

@@ -4,6 +4,7 @@ Exactness tests are deterministic (fixed seeds, float64) and compare to
 floating-point tolerance: false-failure rate 0. The random-generator tests are
 statistical with fixed seeds; each states its false-failure rate.
 """
+import collections
 import re
 
 import numpy as np
@@ -394,6 +395,37 @@ def test_step_size_of_wrong_shape_is_rejected():
     kernel.bootstrap_results(tf.constant(INIT))
 
 
+def test_a_log_density_nuts_cannot_use_is_a_clear_error():
+  # keepdims: one value per chain, but shaped [chains, 1]; it failed in a
+  # reshape inside one_step.
+  kernel = nuts.NoUTurnSampler(
+      lambda x: gaussian_log_prob(x)[..., tf.newaxis], 0.1, backend=EAGER)
+  with pytest.raises(ValueError, match=r"shape \(4, 1\).*one value per chain"):
+    kernel.bootstrap_results(tf.constant(INIT))
+  # A float64 density of a float32 state: the error blamed the step size.
+  kernel = nuts.NoUTurnSampler(
+      lambda x: tf.cast(gaussian_log_prob(x), tf.float64), 0.1,
+      backend=EAGER)
+  with pytest.raises(TypeError, match="returns float64 for a float32 state"):
+    kernel.bootstrap_results(tf.constant(INIT, tf.float32))
+  # A state part the density ignores: its gradient was taken as zero and
+  # that part drifted without bound (tfp.mcmc raises too).
+  kernel = nuts.NoUTurnSampler(lambda x, y: gaussian_log_prob(x), 0.1,
+                               backend=EAGER)
+  with pytest.raises(ValueError, match="`None` gradient.*state part 1"):
+    kernel.bootstrap_results([tf.constant(INIT), tf.constant(INIT)])
+
+
+def test_unknown_event_dimensions_when_traced_are_a_clear_error():
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.1, backend="pc:graph")
+
+  @tf.function(input_signature=[tf.TensorSpec([None, None], tf.float64)])
+  def step(x):
+    return kernel.one_step(x, kernel.bootstrap_results(x), seed=[1, 2])
+  with pytest.raises(ValueError, match="event shape.*must be known"):
+    step.get_concrete_function()
+
+
 def test_step_size_of_wrong_dtype_is_rejected():
   kernel = nuts.NoUTurnSampler(gaussian_log_prob, tf.constant(0.1, tf.float32),
                                backend=EAGER)
@@ -455,6 +487,23 @@ def test_several_chain_dimensions(fused_kernel, fused_step):
                                 results.leapfrogs_taken)
 
 
+def test_tuple_and_namedtuple_states_come_back_as_such():
+  # They came back as lists, and an eager sample_chain then failed
+  # comparing structures.
+  point = collections.namedtuple("Point", ["x", "y"])
+  def target(x, y):
+    return gaussian_log_prob(tf.concat([x, y[..., tf.newaxis]], -1))
+  kernel = nuts.NoUTurnSampler(target, 0.3, max_tree_depth=3, backend=EAGER)
+  parts = (tf.constant(INIT[:, :2]), tf.constant(INIT[:, 2]))
+  for init in (parts, point(*parts), list(parts)):
+    state, _ = kernel.one_step(init, kernel.bootstrap_results(init),
+                               seed=[1, 2])
+    assert type(state) is type(init)
+  samples = tfp.mcmc.sample_chain(2, point(*parts), kernel=kernel,
+                                  trace_fn=None, seed=(1, 2))
+  assert isinstance(samples, point) and samples.x.shape == (2, 4, 2)
+
+
 def test_step_size_forms_broadcast_to_the_state():
   from nuts import kernel as kernel_lib  # pylint: disable=import-outside-toplevel
   parts = [tf.zeros([4, 3], tf.float64), tf.zeros([4], tf.float64)]
@@ -464,12 +513,23 @@ def test_step_size_forms_broadcast_to_the_state():
   assert scalar[0].shape == (4, 3) and np.all(scalar[1] == 0.1)
   per_part = bcast([0.1, 0.2])
   assert np.all(per_part[0] == 0.1) and np.all(per_part[1] == 0.2)
-  per_chain = bcast([np.arange(4.), np.arange(4.)])        # shape [chains]
-  np.testing.assert_array_equal(per_chain[0][:, 2], np.arange(4.))
+  one_for_all = bcast([0.3])                     # as tfp.mcmc's kernels
+  assert np.all(one_for_all[0] == 0.3) and np.all(one_for_all[1] == 0.3)
   per_chain = bcast([np.arange(4.)[:, None], np.arange(4.)])  # [chains, 1]
   np.testing.assert_array_equal(per_chain[0][:, 1], np.arange(4.))
+  np.testing.assert_array_equal(per_chain[1], np.arange(4.))
   per_coord = bcast([np.array([0.1, 0.2, 0.3]), 0.5])
   np.testing.assert_array_equal(per_coord[0][3], [0.1, 0.2, 0.3])
+  # A step size broadcasts from the right, as tfp.mcmc's kernels (and the
+  # step-size adaptation kernels) read it: [chains] is per chain only for a
+  # part without event dimensions. It used to be taken per chain where it
+  # did not broadcast, so [2] meant per chain for 2 chains of [3] but per
+  # coordinate for 2 chains of [2].
+  with pytest.raises(ValueError, match=r"per chain: \[chains, 1\]"):
+    bcast([np.arange(4.), np.arange(4.)])
+  square = [tf.zeros([2, 2], tf.float64)]
+  per_coord = kernel_lib._broadcast_step_size(np.array([1., 2.]), square, 1)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(per_coord[0], [[1., 2.], [1., 2.]])
 
 
 @pytest.mark.slow
