@@ -176,6 +176,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         self.target_log_prob_fn(parts[0]))
 
   def _value_and_grads(self, parts, is_list):
+    # Fresh tensors: a distribution's `log_prob` of the very tensor its
+    # `sample` returned reads its bijectors' cache instead of the tensor
+    # (`init = dist.sample(n)`), and the gradient would be None.
+    parts = [tf.identity(p) for p in parts]
     with tf.GradientTape() as tape:
       tape.watch(parts)
       logp = self._call_target(parts, is_list)

@@ -214,15 +214,16 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
       if depth == 0 or not first.ok:
         return first
       second = leaf(first.q_outer, first.p_outer, first.grad_outer, eps, h0)
-      return merge_subtrees(first, second, seed,
-                            [traj, doubling, _MERGE, depth, start])
-    first = build_tree(q, p, grad, eps, depth - 1, h0, seed, traj, doubling,
-                       start)
-    if not first.ok:
-      return first
-    second = build_tree(first.q_outer, first.p_outer, first.grad_outer, eps,
-                        depth - 1, h0, seed, traj, doubling,
-                        start + half_size(depth))
+    else:
+      first = build_tree(q, p, grad, eps, depth - 1, h0, seed, traj,
+                         doubling, start)
+      if not first.ok:
+        return first
+      second = build_tree(first.q_outer, first.p_outer, first.grad_outer,
+                          eps, depth - 1, h0, seed, traj, doubling,
+                          start + half_size(depth))
+    # One merge for both cases: traced and vectorised once (it is the
+    # largest primitive of the program).
     return merge_subtrees(first, second, seed,
                           [traj, doubling, _MERGE, depth, start])
 

@@ -236,6 +236,14 @@ def test_every_backend_gives_the_same_samples(fused_step, backend):
       assert computed == members
 
 
+def _after_first_half(program):
+  """The label of `build_tree`'s block after its first recursive call: the
+  continuation of the `else` block's call (that block's label with
+  ".1")."""
+  return next(b.label for b in program.blocks
+              if re.fullmatch(r"build_tree/else\d+\.1", b.label))
+
+
 def test_build_tree_saves_and_copies_only_what_its_recursion_changes(fused_kernel):
   """`build_tree` passes its step size, starting energy, seed and
   trajectory numbers on unchanged to both recursive calls: no call moves
@@ -259,7 +267,7 @@ def test_build_tree_saves_and_copies_only_what_its_recursion_changes(fused_kerne
   # recursive call returned, already in the result register
   # (`passes/redundant_copies.py`).
   after_first_half = next(b for b in program.blocks
-                          if b.label == "build_tree/endif3.1")
+                          if b.label == _after_first_half(program))
   assert not [op for op in after_first_half.ops
               if "build_tree._result" in ir2.writes(op)]
 
@@ -359,7 +367,8 @@ def test_pc_xla_transition_copies_no_register_bank():
   # three [d] registers, so it pads no register write to the 16 rows of a
   # trajectory's doubling (`trajectory/body2.1`).
   labels = [b.label for b in program.ir(level=2).blocks]
-  after_first_half = runtime._dispatch_of[labels.index("build_tree/endif3.1")]  # pylint: disable=protected-access
+  after_first_half = runtime._dispatch_of[labels.index(  # pylint: disable=protected-access
+      _after_first_half(program.ir(level=2)))]
   doubling = runtime._dispatch_of[labels.index("trajectory/body2.1")]  # pylint: disable=protected-access
   vector = ("float64", (3,))
   assert after_first_half.bank_capacity[vector] == 3

@@ -203,15 +203,25 @@ Summary = collections.namedtuple("Summary", [
     "seconds"])
 
 
+def _per_chain_step_sizes(posterior, value):
+  return [np.full([NUM_CHAINS] + ([1] if size else []), value)
+          for _, size in posterior.parts]
+
+
 def sample(posterior, spec, seed=0, backend=None):
   """Runs the posterior's chains; returns {parameter: Summary-per-scalar}.
 
   `sample_chain` runs `num_burnin_steps` (the first 80% of them adapt the
   step size by dual averaging) then keeps `num_results` draws per chain.
-  Each chain adapts its own step size (a step size of shape [chains]), as
-  each Stan chain does: with one shared step size, averaged acceptance lets a
-  chain started far out in a stiff tail be left behind with a step size
-  that diverges at every trajectory there.
+  Each chain adapts its own step size, as each Stan chain does: with one
+  shared step size, averaged acceptance lets a chain started far out in a
+  stiff tail be left behind with a step size that diverges at every
+  trajectory there. Step sizes broadcast from the right, as dual averaging
+  reads them, so a per-chain one is [chains] for a scalar part and
+  [chains, 1] for a vector part (one per part, all adapted alike). (Until
+  2026-11-26 one [chains] step size served every part: dual averaging
+  reads the first part only, and where that was a vector it averaged the
+  acceptance over the chains.)
   """
   backend = backend or _compiled_backend()
   target = posterior.build_target(spec["data"])
@@ -220,7 +230,7 @@ def sample(posterior, spec, seed=0, backend=None):
                for b, scale in zip(posterior.bijectors, posterior.scales)]
   kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
       tfp.mcmc.TransformedTransitionKernel(
-          nuts.NoUTurnSampler(target, np.full([NUM_CHAINS], 0.1),
+          nuts.NoUTurnSampler(target, _per_chain_step_sizes(posterior, 0.1),
                               max_tree_depth=MAX_TREE_DEPTH,
                               backend=backend),
           bijectors),

@@ -189,7 +189,7 @@ def test_moments_and_rhat_100d_correlated_gaussian():
   rs = np.random.RandomState(18)
   init = tf.constant(mean + 3. * sd * rs.randn(chains, d))
   kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
-      nuts.NoUTurnSampler(target.log_prob, np.full([chains], 0.1),
+      nuts.NoUTurnSampler(target.log_prob, np.full([chains, 1], 0.1),
                           max_tree_depth=8, backend=_compiled_backend()),
       num_adaptation_steps=400)
 
