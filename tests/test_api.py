@@ -114,6 +114,25 @@ def test_batched_primitive_runs_on_the_batch():
   np.testing.assert_allclose(f.reference(x), [2.0, 8.0])
 
 
+@pytest.mark.parametrize("reduce", [
+    tf.reduce_sum,                                # the batch summed away
+    lambda x: tf.reduce_sum(x, 0),                # over the batch axis
+    lambda x: (tf.reduce_sum(x, -1), 2.0),        # a Python number
+])
+def test_batched_primitive_that_drops_the_batch_is_a_clear_error(reduce):
+  # It failed in a gather deep in the VM ("Shape must be at least rank 1").
+  @tab.batched_primitive
+  def reduced(x):
+    return reduce(x)
+
+  @tab.batch
+  def f(x):
+    return reduced(x)
+  with pytest.raises(tab.TypeInferenceError,
+                     match="keeps the batch as its leading dimension"):
+    f(np.ones([3, 2], np.float32), backend="pc:graph")
+
+
 def test_batched_primitive_hidden_in_a_helper_is_a_clear_error():
   def helper(x):
     return _batched_sum(x)

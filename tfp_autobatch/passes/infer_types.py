@@ -213,6 +213,8 @@ def _trace_types(op, in_types):
 
   def trace(*args):
     outs = vectorize.call_single_example_code(op, *args)
+    if op.batched:
+      _check_keeps_the_batch(op, outs)
     found.append([types_lib.type_of_value(v, batched=op.batched)
                   for v in outs])
     return 0
@@ -235,6 +237,20 @@ def _trace_types(op, in_types):
         f"fails on inputs of types ({shown}): {type(e).__name__}: {e}{hint}"
     ) from e
   return found[0]
+
+
+def _check_keeps_the_batch(op, outs):
+  """A `@batched_primitive` maps over the batch: each tensor it returns
+  has the batch (unknown while tracing) as its leading dimension."""
+  for leaf in tf.nest.flatten(outs):
+    shape = tf.convert_to_tensor(leaf).shape
+    if shape.rank == 0 or shape[0] is not None:
+      raise errors.TypeInferenceError(
+          f"the batched primitive `{op.code.source}` ({op.code.filename}, "
+          f"line {op.code.lineno}) returned a value of shape {shape} for a "
+          "batch of any size: a @tab.batched_primitive maps over the "
+          "batch, so everything it returns keeps the batch as its leading "
+          "dimension (reduce over axis -1, not over all axes or axis 0)")
 
 
 def _check_complete(program, env):
