@@ -1,4 +1,5 @@
 """Frontend: Python source -> IR-1, on small inline functions."""
+import dataclasses
 import textwrap
 
 import numpy as np
@@ -233,10 +234,18 @@ def _membership_chained_and_negated(x):
           + 10 * tf.cast(0 < x in (1, 2), tf.int32))
 
 
+def _min_max_keep_python_order(x):
+  # Python keeps the first value unless a later one compares smaller
+  # (larger): min(1.0, nan) is 1.0, min(nan, 1.0) nan, min(0.0, -0.0) 0.0.
+  return (min(1.0, x), min(x, 1.0), max(1.0, x), max(x, 1.0),
+          min(x, -0.0, 0.0))
+
+
 @pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
 @pytest.mark.parametrize("fn, args", [
     (_min_max_of_three, (np.array([1., -2., 3., 0.7]),
                          np.array([0., 5., 3., 0.6]))),
+    (_min_max_keep_python_order, (np.array([np.nan, 0.5, 2., 0.]),)),
     (_is_odd_digit_below_six, (np.arange(7),)),
     (_membership_chained_and_negated, (np.arange(5),)),
 ])
@@ -244,7 +253,46 @@ def test_min_max_and_in_work_as_in_python(backend, fn, args):
   # They compared symbolic tensors as Python bools: a TypeInferenceError
   # saying to use eager execution or tf.function.
   want = [fn(*[tf.constant(a[i]) for a in args]) for i in range(len(args[0]))]
-  np.testing.assert_allclose(tab.batch(fn)(*args, backend=backend), want)
+  got = tab.batch(fn)(*args, backend=backend)
+  if isinstance(got, tuple):   # one row of results per example
+    got = np.stack(got, -1)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+  np.testing.assert_allclose(got, want)
+
+
+@dataclasses.dataclass
+class _Scale:
+  """A callable, unhashable (a dataclass with eq), as a model may be."""
+  factor: float
+
+  def __call__(self, x):
+    return self.factor * x
+
+
+_SCALE = _Scale(2.0)
+
+
+def test_an_unhashable_callable_is_called_per_example():
+  # Looking up min/max by hashing the callee raised "unhashable type".
+  @tab.batch
+  def scaled(x):
+    return _SCALE(x)
+  np.testing.assert_allclose(scaled(np.array([3.0, 0.5]),
+                                    backend="local:eager"), [6.0, 1.0])
+
+
+def test_a_literal_past_int32_keeps_its_value():
+  # TensorFlow types 2**31 int64; its variable was typed int32 (a Python 0
+  # stood for it in type inference) and the value wrapped.
+  @tab.batch
+  def big(x):
+    i = 0
+    if x > 0:
+      i = 2147483648
+    return i
+  out = big(np.array([1, -2]), backend="local:eager")
+  assert out.dtype == tf.int64
+  np.testing.assert_array_equal(out, [2147483648, 0])
 
 
 def test_min_max_of_one_sequence_and_in_a_tensor_are_clear_errors():

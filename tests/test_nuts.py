@@ -378,7 +378,7 @@ def test_pc_xla_transition_copies_no_register_bank():
   # that saves the most loop conditions of the simple ones.
   lowest = [min(d.blocks) for d in runtime._dispatches]  # pylint: disable=protected-access
   assert lowest == sorted(lowest, reverse=True) and len(lowest) > 2
-  compiled = runtime._compiled[len(INIT)]  # pylint: disable=protected-access
+  compiled = runtime._compiled[(len(INIT), False)]  # pylint: disable=protected-access
   args = [tf.zeros(spec.shape, spec.dtype) for spec in
           compiled.get_concrete_function().structured_input_signature[0]]
   hlo = compiled.experimental_get_compiler_ir(*args)(stage="optimized_hlo")

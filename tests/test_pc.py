@@ -546,6 +546,19 @@ def test_per_example_tf_cond_and_switch_case_run_on_every_backend(backend):
   np.testing.assert_allclose(_tf_conditionals(x, k, backend=backend), want)
 
 
+def test_pc_graph_tf_cond_inside_a_user_xla_function():
+  # pc:graph traced in a plain tf.function first, then in a jit_compile
+  # one: the second used the first's trace, whose partitioned conditional
+  # XLA cannot compile. Each context gets a trace of its own.
+  x = tf.constant([1., -1., 2., 0.6], tf.float32)
+  k = tf.constant([0, 1, 2, 2], tf.int32)
+  want = _tf_conditionals(x, k, backend="local:eager")
+  run = lambda x, k: _tf_conditionals(x, k, backend="pc:graph")  # pylint: disable=unnecessary-lambda-assignment
+  for jit_compile in (False, True):
+    np.testing.assert_allclose(
+        tf.function(run, jit_compile=jit_compile)(x, k), want)
+
+
 def test_selects_for_conditions_leave_pfor_as_it_was():
   from tensorflow.python.ops.parallel_for import pfor  # pylint: disable=g-direct-tensorflow-import
   registry = pfor._pfor_converter_registry  # pylint: disable=protected-access
@@ -576,7 +589,7 @@ def test_xla_reads_primitive_inputs_without_gathering_them():
       lambda x: _halve_until_small(x, backend="pc:xla"),
       input_signature=[tf.TensorSpec([None, 3], tf.float32)])
   np.testing.assert_array_equal(unknown_size(x), _halve_until_small_np(x))
-  assert pfor_gathers(runtime._compiled[None])  # pylint: disable=protected-access
+  assert pfor_gathers(runtime._compiled[(None, False)])  # pylint: disable=protected-access
 
 
 def test_stats():

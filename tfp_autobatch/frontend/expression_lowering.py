@@ -30,9 +30,6 @@ def _safe_operand(node):
   return False
 
 
-_ELEMENTWISE_BUILTINS = {min: "min", max: "max"}
-
-
 class ExpressionLowering(ast.NodeTransformer):
   """Rewrites one expression, emitting ops and blocks into the converter."""
 
@@ -52,7 +49,8 @@ class ExpressionLowering(ast.NodeTransformer):
     kind, value = self.c.batched_kind(node.func)
     if kind is None:
       node = self.generic_visit(node)
-      if self.c.resolve(node.func) in _ELEMENTWISE_BUILTINS:
+      # By identity: the user's callable may be unhashable.
+      if any(self.c.resolve(node.func) is f for f in (min, max)):
         return self._min_max(node)
       return node
     if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
@@ -74,7 +72,7 @@ class ExpressionLowering(ast.NodeTransformer):
     """`min(a, b, ...)`/`max(a, b, ...)` as `pyops.minimum`/`maximum`
     (Python's compare values with `<`, which a symbolic tensor cannot
     answer)."""
-    name = _ELEMENTWISE_BUILTINS[self.c.resolve(node.func)]
+    name = self.c.resolve(node.func).__name__
     if (len(node.args) < 2 or node.keywords
         or any(isinstance(a, ast.Starred) for a in node.args)):
       raise self.c.error(node, f"{name}() of one sequence or with keyword "

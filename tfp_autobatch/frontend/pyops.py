@@ -64,25 +64,26 @@ def all_of(*conditions):
 
 
 def minimum(*values):
-  """Python's `min(a, b, ...)` of per-example values: elementwise, the
-  first of equal ones as Python's (`max` likewise)."""
-  return _fold(tf.minimum, min, values)
+  """Python's `min(a, b, ...)` of per-example values, elementwise: a
+  value replaces the one so far only if it is smaller, so the first of
+  equal ones wins and a NaN after a number does not (`max` likewise)."""
+  return _fold(lambda value, so_far: value < so_far, min, values)
 
 
 def maximum(*values):
   """Python's `max(a, b, ...)` of per-example values (see `minimum`)."""
-  return _fold(tf.maximum, max, values)
+  return _fold(lambda value, so_far: value > so_far, max, values)
 
 
-def _fold(tf_op, python_op, values):
+def _fold(replaces, python_op, values):
   result = values[0]
   for value in values[1:]:
     if isinstance(result, (bool, int, float)) and isinstance(
         value, (bool, int, float)):
       result = python_op(result, value)
     else:
-      result, value = _same_dtype(result, value)
-      result = tf_op(result, value)
+      value, result = _same_dtype(value, result)
+      result = tf.where(replaces(value, result), value, result)
   return result
 
 

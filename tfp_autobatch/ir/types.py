@@ -68,8 +68,11 @@ def _join_leaf(a, b, what):
     if b.weak and not a.weak and compatible_kind(b.dtype, a.dtype):
       return a
     if a.weak and b.weak:
-      # int literal joined with float literal: float wins.
-      return a if a.dtype.is_floating else b
+      # int literal joined with float literal: float wins; two of one kind:
+      # the wider (a literal past int32's range is int64, as TF types it).
+      if a.dtype.is_floating != b.dtype.is_floating:
+        return a if a.dtype.is_floating else b
+      return a if a.dtype.size >= b.dtype.size else b
   raise errors.TypeInferenceError(
       f"{what} gets two different types on different paths: {a} and {b}. "
       "Give it one dtype and shape on every path (e.g. with tf.cast).")

@@ -190,8 +190,11 @@ def _sweep_function(program, fn, env):
 
 
 def _abstract_arg(t, batched):
-  """A TensorSpec for tracing; a weak type traces as its Python literal."""
-  if t.weak and not batched:
+  """A TensorSpec for tracing; a weak type traces as its Python literal,
+  except an int64 one (a literal past int32's range, which TensorFlow
+  types int64): a Python 0 would type what it computes int32, and the
+  value would wrap."""
+  if t.weak and not batched and t.dtype != tf.int64:
     return t.dtype.as_numpy_dtype(0).item()
   return t.spec((None,) if batched else ())
 

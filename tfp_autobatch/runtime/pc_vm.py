@@ -52,6 +52,7 @@ from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import block_runner
 from tfp_autobatch.runtime import dispatch as dispatch_lib
+from tfp_autobatch.runtime import pfor_conditions
 from tfp_autobatch.runtime import register_file
 from tfp_autobatch.runtime import run_counters
 from tfp_autobatch.runtime import schedule as schedule_lib
@@ -106,7 +107,8 @@ class PcVmRuntime:
         program.stacked, program.cached_top, self.depth)
     self._runner = block_runner.BlockRunner(program, mode, self.kernels,
                                             self._store, self.depth)
-    self._compiled = {}   # static batch size (None: unknown) -> tf.function
+    # (static batch size or None, traced for the caller's XLA) -> tf.function
+    self._compiled = {}
     self._concrete = {}   # its tf.function -> its concrete function
 
   # -- the public interface shared with LocalStaticRuntime -------------------
@@ -150,21 +152,24 @@ class PcVmRuntime:
     in-process A/B (benchmarks/results/HISTORY.md, "Cost of a VM step,
     change by change"). A batch of unknown size
     (inside a caller's `tf.function` with unknown shapes) gets the
-    unknown-size trace.
+    unknown-size trace. `pc:graph` inside a caller's
+    `tf.function(jit_compile=True)` gets a trace of its own, which XLA can
+    compile (`pfor_conditions`).
     """
     size = None
     leaves = tf.nest.flatten(args)
     if self.mode == "xla" and leaves:
       shape = tf.TensorShape(getattr(leaves[0], "shape", None))
       size = shape[0] if shape.rank else None
-    compiled = self._compiled.get(size)
+    key = (size, self.mode == "graph" and pfor_conditions.in_xla_context())
+    compiled = self._compiled.get(key)
     if compiled is None:
       signature = [tf.nest.map_structure(lambda t: t.spec((size,)),
                                          self.program.types[v])
                    for v in self.program.params]
       # A partial: TF's retracing detector would count all VMs as one
       # function.
-      compiled = self._compiled[size] = tf.function(
+      compiled = self._compiled[key] = tf.function(
           functools.partial(self._traced), jit_compile=self.mode == "xla",
           input_signature=signature, autograph=False)
     return compiled

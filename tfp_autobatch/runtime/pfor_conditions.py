@@ -10,11 +10,14 @@ constant from a dynamic tensor is not yet supported"). Under
 selects each row's result with `tf.where`, as the VM does for its own
 blocks (XLA never raises, so a branch's junk rows are harmless). A
 conditional whose predicate is the same for every row keeps pfor's own
-conversion.
+conversion. `pc:xla` always vectorises under `as_selects()`; `pc:graph`
+does where it is traced inside a user's `tf.function(jit_compile=True)`
+(`in_xla_context`).
 """
 import contextlib
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
 try:   # TF's private pfor module (tf.vectorized_map's machinery)
   from tensorflow.python.ops.parallel_for import pfor as _pfor
@@ -70,6 +73,13 @@ def _select_converters():
 
 
 _SELECT_CONVERTERS = _select_converters()
+
+
+def in_xla_context():
+  """Whether the graph being built will be compiled by XLA: traced for
+  `pc:xla`, or inside a user's `tf.function(jit_compile=True)`."""
+  return control_flow_util.GraphOrParentsInXlaContext(
+      tf.compat.v1.get_default_graph())
 
 
 @contextlib.contextmanager

@@ -160,11 +160,11 @@ def batched_fn(op, out_types, inside_xla=False):
 
   def run_vectorized(n, *ins):
     del n
-    if not inside_xla:
+    if not (inside_xla or pfor_conditions.in_xla_context()):
       return vectorized_map(per_example, ins, op.code)
     with pfor_conditions.as_selects():
       outs = vectorized_map(per_example, ins, op.code)
-    return _computed_once(outs, ins)
+    return _computed_once(outs, ins) if inside_xla else outs
   return run_vectorized
 
 
@@ -184,8 +184,10 @@ class KernelCache:
   def get(self, op, in_types, out_types, batch_size=None):
     """The kernel of `op` for inputs of `in_types`, on batches of
     `batch_size` rows (None: any number, known only when it runs)."""
+    # (A kernel traced for XLA, also the user's `jit_compile` around
+    # pc:graph, vectorises conditionals differently: `pfor_conditions`.)
     key = (op.code, op.batched, types_lib.hashable(tuple(in_types)),
-           batch_size)
+           batch_size, pfor_conditions.in_xla_context())
     kernel = self._kernels.get(key)
     if kernel is None:
       signature = [tf.TensorSpec([], tf.int32)] + [
