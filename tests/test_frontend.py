@@ -555,6 +555,14 @@ def test_a_while_its_literals_may_not_enter_is_not_counted_as_entered():
     return y
   _rejected(test_reads_an_argument, "'y' may be read before it is assigned")
 
+  def float_test(n):         # true in Python's float64, false in float32
+    a = 0.1 + 0.2
+    while a != 0.3:
+      y = n
+      a = 0.3
+    return y
+  _rejected(float_test, "'y' may be read before it is assigned")
+
 
 def test_loop_forever_with_return_inside_is_fine():
   def f(x):

@@ -59,8 +59,11 @@ _LITERAL_NODES = (
     ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 
-def _is_number(value):
-  return isinstance(value, (int, float))   # bool is an int
+def _is_exact(value):
+  """A Python int or bool (bool is an int): what `literal_value` computes
+  with. Not a float: Python's float64 test could decide otherwise than
+  TensorFlow's float32 one (0.1 + 0.2 != 0.3 only in float64)."""
+  return isinstance(value, int)
 
 
 class FunctionConverter:
@@ -356,7 +359,7 @@ class FunctionConverter:
     body = None
     if not forever and self.literal_value(
         s.test, self.pending_literals()) not in (None, 0):
-      body = self.new_label("body")   # (0 == False == 0.0)
+      body = self.new_label("body")   # (0 == False)
     self.finish(ir1.Jump(body or header))
     self.start(header)
     self.loop(header, None if forever else self.condition(s.test), s.body,
@@ -365,7 +368,7 @@ class FunctionConverter:
   def pending_literals(self):
     """`{name: value}` of the variables that the straight-line statements
     just before this point (those not yet in a Primitive, all in the
-    current block) last assigned a Python number or bool, such as
+    current block) last assigned a Python int or bool, such as
     `i = 0`."""
     known = {}
     for stmt in self.pending:
@@ -383,19 +386,19 @@ class FunctionConverter:
     return known
 
   def literal_value(self, node, known):
-    """The Python number or bool `node` evaluates to when it is made only
+    """The Python int or bool `node` evaluates to when it is made only
     of such literals, names in `known` and names bound outside the
-    function to Python numbers (as for `static_range`), with arithmetic,
+    function to Python ints (as for `static_range`), with arithmetic,
     comparisons and `and`/`or`/`not`; otherwise None."""
     names = {}
     for n in ast.walk(node):
       if not isinstance(n, _LITERAL_NODES):
         return None
-      if isinstance(n, ast.Constant) and not _is_number(n.value):
+      if isinstance(n, ast.Constant) and not _is_exact(n.value):
         return None
       if isinstance(n, ast.Name):
         value = known.get(n.id, self.resolve(n))
-        if not _is_number(value):
+        if not _is_exact(value):
           return None
         names[n.id] = value
     expression = ast.fix_missing_locations(
@@ -405,7 +408,7 @@ class FunctionConverter:
                    {"__builtins__": {}}, names)
     except (ArithmeticError, ValueError):
       return None
-    return value if _is_number(value) else None
+    return value if _is_exact(value) else None
 
   def for_statement(self, s):
     if s.orelse:
