@@ -289,7 +289,7 @@ def test_pc_xla_with_the_number_of_chains_unknown(fused_step):
                                 results.leapfrogs_taken)
   (program, _, _, _), _ = next(iter(kernel._programs.values()))  # pylint: disable=protected-access
   runtime = pipeline.runtime(program, program._last_types, "pc:xla")  # pylint: disable=protected-access
-  assert list(runtime._compiled) == [None]  # pylint: disable=protected-access
+  assert list(runtime._compiled) == [(None, False)]  # pylint: disable=protected-access
 
 
 # -- drop-in compatibility ----------------------------------------------------
