@@ -281,6 +281,36 @@ def test_an_unhashable_callable_is_called_per_example():
                                     backend="local:eager"), [6.0, 1.0])
 
 
+def test_literals_meeting_different_dtypes_take_one_each():
+  # One dtype for all of a primitive's literal inputs was tried, so this
+  # was a TypeInferenceError though Python runs it.
+  @tab.batch
+  def two(n, x):
+    a = 0
+    b = 1.5
+    if n > 0:
+      a = 1
+    return a + n, b + x
+  a, b = two(np.array([1, -2]), np.array([0.5, 1.0]))
+  assert a.dtype == tf.int64 and b.dtype == tf.float64
+  np.testing.assert_array_equal(a, [2, -2])
+  np.testing.assert_allclose(b, [2.0, 2.5])
+
+
+def test_a_function_called_with_literals_meeting_two_dtypes_is_explained():
+  # One function has one result type: ident(1) used as int64 and ident(2)
+  # as int32 cannot both be; the error says which literals took which.
+  @tab.batch
+  def f(n, m):
+    a = _identity(1)
+    b = _identity(2)
+    return a + n, b + m
+  with pytest.raises(tab.TypeInferenceError,
+                     match=r"(?s)after Python literals took the dtypes.*"
+                     r"'_result' of '_identity'.*tf.constant\(1, tf.int64\)"):
+    f(np.array([1, 2]), np.array([3, 4], np.int32))
+
+
 def test_a_literal_past_int32_keeps_its_value():
   # TensorFlow types 2**31 int64; its variable was typed int32 (a Python 0
   # stood for it in type inference) and the value wrapped.

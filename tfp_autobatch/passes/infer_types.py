@@ -7,6 +7,8 @@ into callees and result types out of them, until nothing changes. Recursion
 converges because a call whose callee result is not known yet contributes
 nothing until the base case has been typed.
 """
+import itertools
+
 import tensorflow as tf
 
 from tfp_autobatch import errors
@@ -29,7 +31,19 @@ def infer_types(program, arg_types):
   """
   chosen = {}   # (function, variable) -> the type a literal variable takes
   while True:
-    env = _fixpoint(program, arg_types, chosen)
+    try:
+      env = _fixpoint(program, arg_types, chosen)
+    except errors.TypeInferenceError as e:
+      if not chosen:
+        raise
+      shown = ", ".join(
+          f"'{v}' of '{program.function(f).shown_name}': "
+          f"{types_lib.format_type(t)}" for (f, v), t in chosen.items())
+      raise errors.TypeInferenceError(
+          f"{e} (This after Python literals took the dtypes of what they "
+          f"meet: {shown}. A variable, and a function's result, has one "
+          "dtype for all its uses and calls: give the literal its dtype "
+          "where it is assigned, e.g. `tf.constant(1, tf.int64)`.)") from e
     promoted = _promoted_literals(program, env)
     if not promoted:
       break
@@ -95,14 +109,31 @@ def _promoted_literals(program, env):
                 if any(leaf.weak for leaf in tf.nest.flatten(t))]
         if not weak or _runs(op, [_strong(t) for t in in_types]):
           continue
-        for dtype in _candidates(in_types):
-          trial = [tf.nest.map_structure(
-              lambda t, d=dtype: _takes(t, d), t) for t in in_types]
+        for dtypes in _choices(_candidates(in_types), len(weak)):
+          trial = list(in_types)
+          for i, dtype in zip(weak, dtypes):
+            trial[i] = tf.nest.map_structure(
+                lambda t, d=dtype: _takes(t, d), in_types[i])
           if _runs(op, [_strong(t) for t in trial]):
             return {(fn.name, op.ins[i]): trial[i] for i in weak
                     if trial[i] != in_types[i]}
         _raise_unpromotable(op, in_types, weak)
   return {}
+
+
+_MAX_CHOICES = 64   # dtype assignments tried for one primitive's literals
+
+
+def _choices(candidates, num_weak):
+  """The dtypes the literal-typed inputs may take together, as one tuple
+  (one per input) each: first one dtype for all of them, then (up to
+  `_MAX_CHOICES` in all) a dtype each, for literals that meet different
+  dtypes (`a = ident(0); b = ident(0)` then `a + n, b + m` with an int64
+  `n` and an int32 `m`)."""
+  same = [(d,) * num_weak for d in candidates]
+  mixed = (c for c in itertools.product(candidates, repeat=num_weak)
+           if c not in same)
+  return same + list(itertools.islice(mixed, _MAX_CHOICES - len(same)))
 
 
 def _candidates(in_types):
@@ -161,10 +192,11 @@ def _runs(op, in_types):
     return False
 
 
-def _join_into(env, key, t):
+def _join_into(program, env, key, t):
   fn, var = key
-  env[key] = types_lib.join(env.get(key), t,
-                            f"variable '{var}' of function '{fn}'")
+  env[key] = types_lib.join(
+      env.get(key), t,
+      f"variable '{var}' of function '{program.function(fn).shown_name}'")
 
 
 def _sweep_function(program, fn, env):
@@ -177,14 +209,14 @@ def _sweep_function(program, fn, env):
         case ir1.Primitive():
           out_types = abstract_eval(op, in_types)
           for var, t in zip(op.outs, out_types):
-            _join_into(env, (fn.name, var), t)
+            _join_into(program, env, (fn.name, var), t)
         case ir1.Call(outs, callee, ins):
           callee_fn = program.function(callee)
           for param, t in zip(callee_fn.params, in_types):
-            _join_into(env, (callee, param), t)
+            _join_into(program, env, (callee, param), t)
           result = env.get((callee, callee_fn.result))
           if result is not None:
-            _join_into(env, (fn.name, outs[0]), result)
+            _join_into(program, env, (fn.name, outs[0]), result)
         case _:
           raise errors.IRError(f"unknown IR-1 op {op!r}")
 
