@@ -160,6 +160,22 @@ def test_batched_function_hidden_in_a_helper_is_a_clear_error(backend):
     f(np.array([3, 4]), backend=backend)
 
 
+def _relu(v):
+  return max(v, 0.0)   # Python's max of a tensor: only in a batch body
+
+
+def test_python_control_on_tensors_in_a_helper_says_where_it_works():
+  # TensorFlow's own message says to use eager execution or tf.function,
+  # which does not apply inside a batched function.
+  @tab.batch
+  def f(x):
+    return _relu(x)
+  with pytest.raises(tab.TypeInferenceError,
+                     match=r"Not a matter of eager execution.*move them "
+                     r"into the body"):
+    f(np.array([1., -1.]))
+
+
 def test_default_arguments_are_rejected_whatever_the_count():
   # Leaving the defaulted argument out gave only "takes 2 batch arguments".
   @tab.batch

@@ -267,6 +267,13 @@ def _trace_types(op, in_types):
     if isinstance(e, TypeError) and "list indices" in str(e):
       hint = (". A Python list cannot be indexed by a per-example value: "
               "stack it (`tf.stack(values)`) and index with `tf.gather`")
+    if isinstance(e, tf.errors.OperatorNotAllowedInGraphError):
+      hint = (". (Not a matter of eager execution or tf.function here: "
+              "Python's `if`, `while`, `min`/`max`, `in` and `bool()` of a "
+              "per-example value work in a @tab.batch function's own body, "
+              "which tfp_autobatch converts, but not inside a plain helper "
+              "or lambda it calls: move them into the body, or use tf.where, "
+              "tf.minimum and tf.maximum there)")
     raise errors.TypeInferenceError(
         f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
         f"fails on inputs of types ({shown}): {type(e).__name__}: {e}{hint}"
