@@ -133,47 +133,40 @@ def test_batched_primitive_that_drops_the_batch_is_a_clear_error(reduce):
     f(np.ones([3, 2], np.float32), backend="pc:graph")
 
 
-def test_batched_primitive_hidden_in_a_helper_is_a_clear_error():
-  def helper(x):
-    return _batched_sum(x)
-
-  @tab.batch
-  def f(x):
-    return helper(x)
-  with pytest.raises(tab.AutobatchError, match="call it directly"):
-    f(np.ones([2, 2], np.float32))
+def _sums_batched(x):
+  return _batched_sum(x)
 
 
-@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
-def test_batched_function_hidden_in_a_helper_is_a_clear_error(backend):
-  # It used to fail deep in type inference, saying its argument needed a
-  # leading batch dimension.
-  def helper(n):
-    return fib(n) + 1
-
-  @tab.batch
-  def f(n):
-    return helper(n)
-  with pytest.raises(tab.ConversionError,
-                     match=r"batched function fib was called from single-"
-                     r"example code.*call it directly"):
-    f(np.array([3, 4]), backend=backend)
+def _calls_fib(n):
+  return fib(n) + 1
 
 
 def _relu(v):
   return max(v, 0.0)   # Python's max of a tensor: only in a batch body
 
 
-def test_python_control_on_tensors_in_a_helper_says_where_it_works():
-  # TensorFlow's own message says to use eager execution or tf.function,
-  # which does not apply inside a batched function.
+@pytest.mark.parametrize("helper, x, error, match", [
+    # A batched primitive or function called from a helper used to fail
+    # deep in type inference (the function: "needs a leading batch
+    # dimension").
+    (_sums_batched, np.ones([2, 2], np.float32), tab.AutobatchError,
+     "call it directly"),
+    (_calls_fib, np.array([3, 4]), tab.ConversionError,
+     r"batched function fib was called from single-example code.*call it "
+     r"directly"),
+    # TensorFlow's own message says to use eager execution or tf.function,
+    # which does not apply inside a batched function.
+    (_relu, np.array([1., -1.]), tab.TypeInferenceError,
+     r"Not a matter of eager execution.*move them into the body"),
+])
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
+def test_a_helper_doing_what_only_a_batch_body_can_is_a_clear_error(
+    helper, x, error, match, backend):
   @tab.batch
   def f(x):
-    return _relu(x)
-  with pytest.raises(tab.TypeInferenceError,
-                     match=r"Not a matter of eager execution.*move them "
-                     r"into the body"):
-    f(np.array([1., -1.]))
+    return helper(x)
+  with pytest.raises(error, match=match):
+    f(x, backend=backend)
 
 
 def test_default_arguments_are_rejected_whatever_the_count():
