@@ -4,7 +4,8 @@
     # instead of tfp.mcmc.NoUTurnSampler(target_log_prob_fn, step_size=0.1)
 
 Chains are the leading dimensions of the state (as many as the rank of
-`target_log_prob_fn`'s result); the state is one tensor or a list of them.
+`target_log_prob_fn`'s result); the state is one tensor, or a list, tuple
+or namedtuple of them (`one_step` returns the same structure).
 The kernel flattens each chain's state parts into one [d] vector, runs the
 single-chain NUTS program of `nuts/tree.py` batched over the chains by
 `tfp_autobatch`, and reshapes back. The user's `target_log_prob_fn` is called
