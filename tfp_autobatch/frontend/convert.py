@@ -352,9 +352,9 @@ class FunctionConverter:
                        "test it after the loop")
     header = self.new_label("while")
     forever = isinstance(s.test, ast.Constant) and bool(s.test.value)
-    # A test that the Python literals assigned just before the loop make
-    # true (`i = 0; while i < 3:`, `done = False; while not done:`) is
-    # known to pass the first time: the loop is entered without it, so
+    # A test that the int and bool literals assigned just before the loop
+    # make true (`i = 0; while i < 3:`, `done = False; while not done:`)
+    # is known to pass the first time: the loop is entered without it, so
     # what the body assigns is assigned after the loop, as in Python.
     body = None
     if not forever and self.literal_value(

@@ -128,8 +128,8 @@ def _choices(candidates, num_weak):
   """The dtypes the literal-typed inputs may take together, as one tuple
   (one per input) each: first one dtype for all of them, then (up to
   `_MAX_CHOICES` in all) a dtype each, for literals that meet different
-  dtypes (`a = ident(0); b = ident(0)` then `a + n, b + m` with an int64
-  `n` and an int32 `m`)."""
+  dtypes (`a = 0; b = 1.5` before an `if`, then `a + n, b + x` with an
+  int64 `n` and a float64 `x`)."""
   same = [(d,) * num_weak for d in candidates]
   mixed = (c for c in itertools.product(candidates, repeat=num_weak)
            if c not in same)
@@ -301,12 +301,13 @@ def _check_complete(program, env):
       continue   # never called with these inputs
     if (fn.name, fn.result) not in env:
       raise errors.TypeInferenceError(
-          f"cannot infer the result type of '{fn.shown_name}': no path returns "
-          "without first calling itself (is there a base case?)")
+          f"cannot infer the result type of '{fn.shown_name}': no path "
+          "returns without first calling itself (is there a base case?)")
     for block in fn.blocks:
       if isinstance(block.terminator, ir1.Branch):
         t = env.get((fn.name, block.terminator.cond))
         if isinstance(t, types_lib.TensorType) and t.shape != ():
           raise errors.TypeInferenceError(
-              f"a condition in '{fn.shown_name}' has shape {t.shape} per example; "
-              "conditions must be scalars (reduce with tf.reduce_any/all)")
+              f"a condition in '{fn.shown_name}' has shape {t.shape} per "
+              "example; conditions must be scalars (reduce with "
+              "tf.reduce_any/all)")

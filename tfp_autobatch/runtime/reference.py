@@ -56,6 +56,6 @@ def _run(program, fn, args, depth, max_stack_depth):
 
 def _read(env, fn, var):
   if var not in env:
-    raise UnboundLocalError(f"variable '{var}' of '{fn.shown_name}' is read before "
-                            "it is assigned")
+    raise UnboundLocalError(f"variable '{var}' of '{fn.shown_name}' is read "
+                            "before it is assigned")
   return env[var]
