@@ -301,9 +301,7 @@ class FunctionConverter:
     """Evaluates a test into a fresh bool variable; returns its name."""
     value = self.expression(test)
     cond = self.fresh("cond")
-    call = ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "truthy",
-                                  ast.Load()), [value], [])
-    self.assign(cond, call, test)
+    self.assign(cond, pyops.call("truthy", [value]), test)
     return cond
 
   def if_statement(self, s):
@@ -438,8 +436,7 @@ class FunctionConverter:
     counter, stop, step = (self.fresh("i"), self.fresh("stop"),
                            self.fresh("step"))
     bounds = [self.expression(a) for a in it.args]
-    init = ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()),
-                                  "range_init", ast.Load()), bounds, [])
+    init = pyops.call("range_init", bounds)
     unpack = ast.Assign([ast.Tuple([ast.Name(n, ast.Store())
                                     for n in (counter, stop, step)],
                                    ast.Store())], init)
@@ -450,10 +447,8 @@ class FunctionConverter:
     # what it assigns is assigned after the loop, as in Python.
     self.finish(ir1.Jump(body if static else header))
     self.start(header)
-    test = ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()),
-                                  "range_continues", ast.Load()),
-                    [ast.Name(n, ast.Load()) for n in (counter, stop, step)],
-                    [])
+    test = pyops.call("range_continues", [ast.Name(n, ast.Load())
+                                          for n in (counter, stop, step)])
     cond = self.fresh("cond")
     self.assign(cond, test, s)
     prologue = [

@@ -78,9 +78,7 @@ class ExpressionLowering(ast.NodeTransformer):
       raise self.c.error(node, f"{name}() of one sequence or with keyword "
                          "arguments", f"pass the values to compare: `{name}(a, "
                          f"b)`, or reduce a tensor with tf.reduce_{name}")
-    return ast.copy_location(ast.Call(
-        ast.Attribute(ast.Name(pyops.NAME, ast.Load()), f"{name}imum",
-                      ast.Load()), node.args, []), node)
+    return ast.copy_location(pyops.call(f"{name}imum", node.args), node)
 
   def visit_Name(self, node):
     if isinstance(node.ctx, ast.Load) and node.id in self.c.lambdas:
@@ -119,17 +117,14 @@ class ExpressionLowering(ast.NodeTransformer):
     node = self.generic_visit(node)
     if not isinstance(node.ctx, ast.Load) or isinstance(node.slice, ast.Slice):
       return node
-    return ast.copy_location(ast.Call(
-        ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "getitem", ast.Load()),
-        [node.value, node.slice], []), node)
+    return ast.copy_location(
+        pyops.call("getitem", [node.value, node.slice]), node)
 
   def visit_UnaryOp(self, node):
     node = self.generic_visit(node)
     if isinstance(node.op, ast.Not):
-      return ast.copy_location(ast.Call(
-          ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "logical_not",
-                        ast.Load()),
-          [node.operand], []), node)
+      return ast.copy_location(
+          pyops.call("logical_not", [node.operand]), node)
     return node
 
   def visit_Compare(self, node):
@@ -149,9 +144,7 @@ class ExpressionLowering(ast.NodeTransformer):
     operands = [node.left] + node.comparators
     pairs = [self._membership(ast.Compare(a, [op], [b]))
              for a, op, b in zip(operands, node.ops, operands[1:])]
-    return ast.copy_location(ast.Call(
-        ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "all_of", ast.Load()),
-        pairs, []), node)
+    return ast.copy_location(pyops.call("all_of", pairs), node)
 
   @staticmethod
   def _membership(node):
@@ -161,14 +154,10 @@ class ExpressionLowering(ast.NodeTransformer):
     op = node.ops[0]
     if not isinstance(op, (ast.In, ast.NotIn)):
       return node
-    test = ast.copy_location(ast.Call(
-        ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "is_one_of",
-                      ast.Load()), [node.left] + node.comparators[0].elts,
-        []), node)
+    test = ast.copy_location(pyops.call(
+        "is_one_of", [node.left] + node.comparators[0].elts), node)
     if isinstance(op, ast.NotIn):
-      test = ast.copy_location(ast.Call(
-          ast.Attribute(ast.Name(pyops.NAME, ast.Load()), "logical_not",
-                        ast.Load()), [test], []), node)
+      test = ast.copy_location(pyops.call("logical_not", [test]), node)
     return test
 
   def visit_IfExp(self, node):
@@ -196,17 +185,15 @@ class ExpressionLowering(ast.NodeTransformer):
     c = self.c
     if all(_safe_operand(v) for v in node.values):
       combine = "and_values" if isinstance(node.op, ast.And) else "or_values"
-      return ast.copy_location(ast.Call(
-          ast.Attribute(ast.Name(pyops.NAME, ast.Load()), combine, ast.Load()),
-          [self.visit(v) for v in node.values], []), node)
+      return ast.copy_location(
+          pyops.call(combine, [self.visit(v) for v in node.values]), node)
     result = c.fresh("t")
     join = c.new_label("endbool")
     c.assign(result, self.visit(node.values[0]), node)
     for value in node.values[1:]:
       cond = c.fresh("cond")
-      c.assign(cond, ast.Call(ast.Attribute(ast.Name(pyops.NAME, ast.Load()),
-                                            "truthy", ast.Load()),
-                              [ast.Name(result, ast.Load())], []), node)
+      c.assign(cond, pyops.call("truthy", [ast.Name(result, ast.Load())]),
+               node)
       more = c.new_label("bool")
       if isinstance(node.op, ast.And):
         c.finish(ir1.Branch(cond, more, join))

@@ -4,9 +4,18 @@ Python's `not`, chained comparisons and loop bounds do not work on symbolic
 tensors, so the converter rewrites them into calls of these functions. They
 are written for one example and work on Python values too.
 """
+import ast
+
 import tensorflow as tf
 
 NAME = "__tab_ops__"   # what converted code calls this module
+
+
+def call(name, args):
+  """The expression `__tab_ops__.name(*args)`: converted code calling the
+  function `name` of this module."""
+  return ast.Call(ast.Attribute(ast.Name(NAME, ast.Load()), name, ast.Load()),
+                  list(args), [])
 
 
 def truthy(x):
@@ -43,12 +52,7 @@ def _pick(test, if_true, if_false):
   """`if_true if test else if_false` for a per-example scalar `test`."""
   if isinstance(test, (bool, int, float)):
     return if_true if test else if_false
-  python = (bool, int, float)
-  if isinstance(if_true, python) and not isinstance(if_false, python):
-    if_true = tf.convert_to_tensor(if_true, dtype_hint=if_false.dtype)
-  if isinstance(if_false, python) and not isinstance(if_true, python):
-    if_false = tf.convert_to_tensor(if_false, dtype_hint=if_true.dtype)
-  return tf.where(truthy(test), if_true, if_false)
+  return tf.where(truthy(test), *_same_dtype(if_true, if_false))
 
 
 def logical_not(x):
