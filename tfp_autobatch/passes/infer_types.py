@@ -192,11 +192,11 @@ def _runs(op, in_types):
     return False
 
 
-def _join_into(program, env, key, t):
-  fn, var = key
+def _join_into(env, function, var, t):
+  key = (function.name, var)
   env[key] = types_lib.join(
       env.get(key), t,
-      f"variable '{var}' of function '{program.function(fn).shown_name}'")
+      f"variable '{var}' of function '{function.shown_name}'")
 
 
 def _sweep_function(program, fn, env):
@@ -209,14 +209,14 @@ def _sweep_function(program, fn, env):
         case ir1.Primitive():
           out_types = abstract_eval(op, in_types)
           for var, t in zip(op.outs, out_types):
-            _join_into(program, env, (fn.name, var), t)
+            _join_into(env, fn, var, t)
         case ir1.Call(outs, callee, ins):
           callee_fn = program.function(callee)
           for param, t in zip(callee_fn.params, in_types):
-            _join_into(program, env, (callee, param), t)
+            _join_into(env, callee_fn, param, t)
           result = env.get((callee, callee_fn.result))
           if result is not None:
-            _join_into(program, env, (fn.name, outs[0]), result)
+            _join_into(env, fn, outs[0], result)
         case _:
           raise errors.IRError(f"unknown IR-1 op {op!r}")
 

@@ -19,6 +19,8 @@ import contextlib
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
+from tfp_autobatch.runtime import batch_state
+
 try:   # TF's private pfor module (tf.vectorized_map's machinery)
   from tensorflow.python.ops.parallel_for import pfor as _pfor
 except ImportError:  # pragma: no cover (TF 2.21 has it)
@@ -33,10 +35,7 @@ def _selected(pfor_input, branch_names, index):
              for name in branch_names]
   result = outputs[-1]
   for i, branch_outputs in enumerate(outputs[:-1]):
-    take = tf.equal(index, i)
-    result = [tf.where(tf.reshape(take, [-1] + [1] * (out.shape.rank - 1)),
-                       out, kept)
-              for out, kept in zip(branch_outputs, result)]
+    result = batch_state.where(tf.equal(index, i), branch_outputs, result)
   return [_pfor.wrap(t, True) for t in result]
 
 

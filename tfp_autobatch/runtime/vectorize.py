@@ -136,13 +136,14 @@ def _computed_once(outs, ins):
   return tuple(once.get(id(v), v) for v in outs)
 
 
-def batched_fn(op, out_types, inside_xla=False):
+def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
   """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive.
 
-  `inside_xla`: the kernel runs inside an XLA computation, which then
-  computes a value the primitive returns under several names once (see
-  `_computed_once`), and whose loop cannot hold pfor's partitioned
-  conditionals (`pfor_conditions`)."""
+  `inside_xla`: the kernel runs inside the VM's XLA computation, which
+  then computes a value the primitive returns under several names once
+  (see `_computed_once`). `compiled_by_xla`: XLA compiles it (so also
+  `pc:graph` inside a user's `jit_compile`), and the VM's loop cannot
+  hold pfor's partitioned conditionals (`pfor_conditions`)."""
   if op.batched:
     def run_batched(n, *ins):
       del n
@@ -160,7 +161,7 @@ def batched_fn(op, out_types, inside_xla=False):
 
   def run_vectorized(n, *ins):
     del n
-    if not (inside_xla or pfor_conditions.in_xla_context()):
+    if not compiled_by_xla:
       return vectorized_map(per_example, ins, op.code)
     with pfor_conditions.as_selects():
       outs = vectorized_map(per_example, ins, op.code)
@@ -186,8 +187,9 @@ class KernelCache:
     `batch_size` rows (None: any number, known only when it runs)."""
     # (A kernel traced for XLA, also the user's `jit_compile` around
     # pc:graph, vectorises conditionals differently: `pfor_conditions`.)
+    compiled_by_xla = self.inside_xla or pfor_conditions.in_xla_context()
     key = (op.code, op.batched, types_lib.hashable(tuple(in_types)),
-           batch_size, pfor_conditions.in_xla_context())
+           batch_size, compiled_by_xla)
     kernel = self._kernels.get(key)
     if kernel is None:
       signature = [tf.TensorSpec([], tf.int32)] + [
@@ -196,7 +198,8 @@ class KernelCache:
       # A partial has no __code__, so TF's retracing detector counts each
       # kernel on its own instead of all kernels as one function.
       kernel = self._kernels[key] = tf.function(
-          functools.partial(batched_fn(op, out_types, self.inside_xla)),
+          functools.partial(batched_fn(op, out_types, self.inside_xla,
+                                       compiled_by_xla)),
           input_signature=signature, jit_compile=self.jit_compile,
           autograph=False)
     return kernel
