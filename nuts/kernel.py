@@ -177,10 +177,6 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         self.target_log_prob_fn(parts[0]))
 
   def _value_and_grads(self, parts, is_list):
-    # Fresh tensors: a distribution's `log_prob` of the very tensor its
-    # `sample` returned reads its bijectors' cache instead of the tensor
-    # (`init = dist.sample(n)`), and the gradient would be None.
-    parts = [tf.identity(p) for p in parts]
     with tf.GradientTape() as tape:
       tape.watch(parts)
       logp = self._call_target(parts, is_list)
@@ -245,6 +241,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   @tf.autograph.experimental.do_not_convert
   def bootstrap_results(self, init_state):
     parts, is_list = _as_parts(init_state)
+    # Fresh tensors: a distribution's `log_prob` of the very tensor its
+    # `sample` returned reads its bijectors' cache instead of the tensor
+    # (`init = dist.sample(n)`), and the gradient would be None. (The
+    # batched program's gradient calls get fresh tensors anyway: the
+    # state parts split from its flat vector.)
+    parts = [tf.identity(p) for p in parts]
     logp, grads = self._value_and_grads(parts, is_list)
     _check_log_density(logp, parts)
     _check_finite_start(logp)
