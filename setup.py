@@ -9,7 +9,9 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["tfp_autobatch*", "nuts*", "benchmarks*"]),
     python_requires=">=3.10",
     install_requires=[
-        "tensorflow-cpu==2.21.*",
+        # `tensorflow`, not `tensorflow-cpu`: tf-keras requires `tensorflow`,
+        # so naming the CPU build installed both into one package folder.
+        "tensorflow==2.21.*",
         "tensorflow-probability==0.25.*",
         "tf-keras==2.21.*",
         "numpy>=1.26",

@@ -1,4 +1,4 @@
-"""Gathering vs masking in the local static runtime (issue: pick the faster).
+r"""Gathering vs masking in the local static runtime (issue: pick the faster).
 
     python -m benchmarks.local_strategies --batch_sizes=16,256 \
         --output=benchmarks/results/local_strategies.json

@@ -58,8 +58,11 @@ Stan its own run.  Recorded:
 - `grads_per_sec`: gradients the chains' trajectories used (sum of their
   leapfrog steps, as in the paper), summed over chains, per second;
 - `grads_computed` and `utilization` = used / computed.  Our kernel counts
-  the gradients its batch computed (`num_grads_computed`: the backend's
-  batched leaf calls x chains); TFP's reference reports its own count;
+  the gradients its batch computed (`num_grads_computed`: on the pc
+  backends the rows its gradient calls computed, under `pc:xla` the
+  chains that reached each call gathered into one of a few sizes; on the
+  local ones batched leaf calls x chains); TFP's reference reports its
+  own count;
   for `tfp_iterative`, which runs chains in lockstep, it is estimated as
   chains x the longest chain's leapfrogs per step
   (`computed_is_estimate: true`).  For Fig. 7, run the correlated Gaussian

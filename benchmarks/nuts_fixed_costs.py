@@ -1,4 +1,4 @@
-"""What a NUTS transition pays outside the VM: the model, and the call.
+r"""What a NUTS transition pays outside the VM: the model, and the call.
 
     python -m benchmarks.nuts_fixed_costs --problem=logistic_regression \
         --rows=1,2,16,64 --output=benchmarks/results/nuts_fixed_costs.json

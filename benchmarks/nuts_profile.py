@@ -1,4 +1,4 @@
-"""Where one NUTS transition's time goes: XLA's kernels, VM block by block.
+r"""Where one NUTS transition's time goes: XLA's kernels, VM block by block.
 
     python -m benchmarks.nuts_profile --problem=correlated_gaussian \
         --batch_size=64 \

@@ -1,4 +1,4 @@
-"""What one NUTS transition costs in VM steps, and what a VM step costs.
+r"""What one NUTS transition costs in VM steps, and what a VM step costs.
 
     python -m benchmarks.nuts_vm_steps --problem=correlated_gaussian \
         --batch_sizes=1,64 --repeats=25 \

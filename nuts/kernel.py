@@ -57,6 +57,21 @@ NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
 ])
 
 
+def _check_positive_integer(arg, value):
+  """Raises a ValueError unless `value` is a positive Python or NumPy int.
+  (A float is refused: `NoUTurnSampler(f, 0.1, 10, 1000.)`, TFP's
+  positional `max_energy_diff`, must not become 1000 unrolled steps.)"""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+      or value < 1):
+    hint = ""
+    if arg == "unrolled_leapfrog_steps" and isinstance(value, numbers.Real):
+      hint = (" (tfp.mcmc.NoUTurnSampler's fourth positional argument is "
+              "max_energy_diff; here it is unrolled_leapfrog_steps: pass "
+              "max_energy_diff=... by keyword)")
+    raise ValueError(f"{arg} must be a positive integer, got {value!r}"
+                     + hint)
+
+
 class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   """The No-U-Turn Sampler, recursive and batched over chains.
 
@@ -79,23 +94,46 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       one batched program (trajectory fusion): a chain that finishes a short
       trajectory starts its next one instead of waiting for the others.
     backend: a `tfp_autobatch` backend. "pc:graph"/"pc:xla" work inside
-      `tf.function`; the "local:*" backends only eagerly.
+      `tf.function`; "pc:eager" and the "local:*" backends only eagerly.
     name: a name for the kernel.
+    max_energy_diff: keyword only, as `tfp.mcmc.NoUTurnSampler`'s: a
+      leapfrog step whose energy exceeds the trajectory's starting energy
+      by more than this (or is not finite) is a divergence, which ends the
+      trajectory and sets `has_divergence`.
+    parallel_iterations: keyword only; accepted so that code written for
+      `tfp.mcmc.NoUTurnSampler` runs unchanged. It has no effect here (it
+      sets the parallelism of TFP's `tf.while_loop`s, never the samples).
+    experimental_shard_axis_names: keyword only; sharded chains are not
+      supported, so only None is accepted.
+
+  The positional arguments are the ones above, in that order: from the
+  fourth on they differ from `tfp.mcmc.NoUTurnSampler`'s (whose fourth is
+  `max_energy_diff`), so pass TFP's extra arguments by keyword.
   """
 
   def __init__(self, target_log_prob_fn, step_size, max_tree_depth=10,
                unrolled_leapfrog_steps=1, num_trajectories_per_step=1,
-               backend="pc:xla", name=None):
+               backend="pc:xla", name=None, *,
+               max_energy_diff=tree.DEFAULT_MAX_ENERGY_DIFF,
+               parallel_iterations=10, experimental_shard_axis_names=None):
     if not callable(target_log_prob_fn):
       raise TypeError("NoUTurnSampler needs a callable target_log_prob_fn, "
                       f"got {target_log_prob_fn!r}")
     for arg, value in (("max_tree_depth", max_tree_depth),
                        ("unrolled_leapfrog_steps", unrolled_leapfrog_steps),
                        ("num_trajectories_per_step",
-                        num_trajectories_per_step)):
-      if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-          or int(value) != value or value < 1):
-        raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+                        num_trajectories_per_step),
+                       ("parallel_iterations", parallel_iterations)):
+      _check_positive_integer(arg, value)
+    if (isinstance(max_energy_diff, bool)
+        or not isinstance(max_energy_diff, numbers.Real)
+        or not max_energy_diff > 0):
+      raise ValueError("max_energy_diff must be a positive number, got "
+                       f"{max_energy_diff!r}")
+    if experimental_shard_axis_names is not None:
+      raise NotImplementedError(
+          "nuts.NoUTurnSampler does not support sharded chains "
+          "(experimental_shard_axis_names); leave it None")
     if backend not in tab.BACKENDS:
       raise tab.UnknownBackendError(
           f"unknown backend {backend!r}; choose one of "
@@ -105,7 +143,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         max_tree_depth=int(max_tree_depth),
         unrolled_leapfrog_steps=int(unrolled_leapfrog_steps),
         num_trajectories_per_step=int(num_trajectories_per_step),
-        backend=backend, name=name)
+        backend=backend, name=name, max_energy_diff=float(max_energy_diff),
+        parallel_iterations=int(parallel_iterations),
+        experimental_shard_axis_names=None)
     self._programs = {}
     self._gradient_labels = {}
     self._compiled_step = None
@@ -157,6 +197,18 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   @property
   def num_trajectories_per_step(self):
     return self._parameters["num_trajectories_per_step"]
+
+  @property
+  def max_energy_diff(self):
+    return self._parameters["max_energy_diff"]
+
+  @property
+  def parallel_iterations(self):
+    return self._parameters["parallel_iterations"]
+
+  @property
+  def experimental_shard_axis_names(self):
+    return self._parameters["experimental_shard_axis_names"]
 
   @property
   def backend(self):
@@ -214,7 +266,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     program = tree.make_program(
         logp_and_grad, self.max_tree_depth, self.unrolled_leapfrog_steps,
-        self.num_trajectories_per_step)
+        self.num_trajectories_per_step, self.max_energy_diff)
     self._programs[layout] = (program, logp_and_grad)
     return self._programs[layout]
 
@@ -240,6 +292,22 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   # tfp_autobatch itself (see the report on autograph + @tab.batch).
   @tf.autograph.experimental.do_not_convert
   def bootstrap_results(self, init_state):
+    """The kernel results of a chain state before any step: its log
+    density and gradients, the step size, and zeroed statistics.
+
+    Args:
+      init_state: the chains' state, a tensor or a list, tuple or
+        namedtuple of tensors whose leading dimensions are the chains.
+
+    Returns:
+      A `NUTSKernelResults`.
+
+    Raises:
+      ValueError: a chain's log density is NaN or -inf (naming the
+        chains; a graph assertion when traced, none under XLA), a step
+        size is not positive or does not broadcast, or the log density
+        has the wrong shape or dtype.
+    """
     parts, is_list = _as_parts(init_state)
     # Fresh tensors: a distribution's `log_prob` of the very tensor its
     # `sample` returned reads its bijectors' cache instead of the tensor
@@ -269,6 +337,21 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   @tf.autograph.experimental.do_not_convert
   def one_step(self, current_state, previous_kernel_results, seed=None):
+    """Advances every chain by `num_trajectories_per_step` NUTS
+    trajectories, in one call of the batched program.
+
+    Args:
+      current_state: the chains' state, as for `bootstrap_results`.
+      previous_kernel_results: the last step's (or `bootstrap_results`')
+        `NUTSKernelResults`; its `step_size` is the one used, so that
+        adaptation kernels can set it.
+      seed: a stateless seed (anything `tfp.random.sanitize_seed` takes);
+        the same seed gives the same samples.
+
+    Returns:
+      `(next_state, kernel_results)`, the state in `current_state`'s
+      structure.
+    """
     seed = tfp.random.sanitize_seed(seed)
     if self.backend == "pc:xla" and not tf.executing_eagerly():
       # Traced into a caller's graph, the whole step is one XLA computation:

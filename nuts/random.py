@@ -1,7 +1,8 @@
 """A per-chain, counter-based random number generator from integer ops.
 
 `tf.random.stateless_*` cannot be vectorised by pfor when each batch member
-has its own seed (DESIGN.md, known pitfalls), so NUTS draws its randomness
+has its own seed (pfor has no converter for `StatelessRandomGetKeyCounter`
+on TF 2.21), so NUTS draws its randomness
 from a hash of (seed words, counter words): every draw is a pure function of
 its key, elementwise integer arithmetic only, which pfor and XLA vectorise.
 

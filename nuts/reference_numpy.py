@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from nuts.tree import MAX_ENERGY_ERROR, _MOMENTUM, _DIRECTION, _TOP_ACCEPT, _MERGE
+from nuts.tree import DEFAULT_MAX_ENERGY_DIFF, _MOMENTUM, _DIRECTION, _TOP_ACCEPT, _MERGE
 
 _M = 0xFFFFFFFF
 
@@ -64,8 +64,10 @@ class Sampler:
   """One chain. `logp_and_grad(q) -> (float, [d] array)` on a [d] array."""
 
   def __init__(self, logp_and_grad, max_tree_depth=10,
-               unrolled_leapfrog_steps=1):
+               unrolled_leapfrog_steps=1,
+               max_energy_diff=DEFAULT_MAX_ENERGY_DIFF):
     self.logp_and_grad = logp_and_grad
+    self.max_energy_diff = max_energy_diff
     self.max_tree_depth = max_tree_depth
     self.unrolled = unrolled_leapfrog_steps
 
@@ -77,7 +79,7 @@ class Sampler:
       p = p + 0.5 * eps * g
     delta = h0 - (-logp + 0.5 * p @ p)
     finite = np.isfinite(delta)
-    divergent = not (finite and -delta <= MAX_ENERGY_ERROR)
+    divergent = not (finite and -delta <= self.max_energy_diff)
     return dict(q_outer=q, p_outer=p, g_outer=g, p_inner=p, q_s=q, p_s=p,
                 logp_s=logp, g_s=g, log_w=delta if finite else -np.inf,
                 rho=p, ok=not divergent,

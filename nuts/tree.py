@@ -19,7 +19,8 @@ use them:
   state of the right one, and the right subtree extended by the last state of
   the left one), which catches U-turns that fall between the halves.
 
-A subtree that diverges (H - H0 > 1000, or a non-finite energy) or turns is
+A subtree that diverges (H - H0 > max_energy_diff, 1000 by default as in
+`tfp.mcmc`, or a non-finite energy) or turns is
 invalid: the trajectory stops and none of its states can be sampled. The
 acceptance statistic (for step-size adaptation) is the mean over every
 leapfrog step computed of min(1, exp(H0 - H)), as in Stan.
@@ -36,7 +37,7 @@ import tensorflow as tf
 import tfp_autobatch as tab
 from nuts import random as nuts_random
 
-MAX_ENERGY_ERROR = 1000.0
+DEFAULT_MAX_ENERGY_DIFF = 1000.0
 
 # Random draws are keyed by (chain seed words, trajectory, doubling, kind, ...).
 _MOMENTUM, _DIRECTION, _TOP_ACCEPT, _MERGE = 1, 2, 3, 4
@@ -97,12 +98,14 @@ def no_u_turn_merge(rho1, p1_inner, p1_outer, rho2, p2_inner, p2_outer):
   return tf.logical_and(whole, tf.logical_and(seam1, seam2))
 
 
-def leaf_statistics(logp, p, h0):
-  """(H, log weight, acceptance statistic, divergent) of a new state."""
+def leaf_statistics(logp, p, h0, max_energy_diff):
+  """(log weight, acceptance statistic, divergent) of a new state: it
+  diverged if its energy exceeds the start's by more than
+  `max_energy_diff` or is not finite."""
   h = -logp + kinetic_energy(p)
   delta = h0 - h
   finite = tf.math.is_finite(delta)
-  divergent = tf.logical_not(tf.logical_and(finite, -delta <= MAX_ENERGY_ERROR))
+  divergent = tf.logical_not(tf.logical_and(finite, -delta <= max_energy_diff))
   log_weight = tf.where(finite, delta, tf.constant(-float("inf"), delta.dtype))
   accept = tf.where(finite, tf.exp(tf.minimum(delta, 0.)), tf.zeros_like(delta))
   return log_weight, accept, divergent
@@ -168,7 +171,7 @@ def merge_subtrees(first, second, seed, words):
 
 
 def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
-                 num_trajectories):
+                 num_trajectories, max_energy_diff=DEFAULT_MAX_ENERGY_DIFF):
   """The batched NUTS program over a `@tab.batched_primitive` log-density.
 
   `logp_and_grad(q)` maps a batch of flat states [n, d] to ([n], [n, d]).
@@ -187,7 +190,8 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
       q = q + eps * p
       logp, grad = logp_and_grad(q)
       p = p + 0.5 * eps * grad
-    log_weight, accept, divergent = leaf_statistics(logp, p, h0)
+    log_weight, accept, divergent = leaf_statistics(logp, p, h0,
+                                                    max_energy_diff)
     return Subtree(q, p, grad, p, q, p, logp, grad, log_weight, p,
                    tf.logical_not(divergent), accept,
                    tf.constant(unrolled_leapfrog_steps, tf.int32), divergent)

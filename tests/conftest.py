@@ -4,7 +4,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # A primitive that pfor cannot vectorise is an error in tests, not a silent
-# sequential loop over the batch (DESIGN.md, known pitfalls).
+# sequential loop over the batch (pfor's fallback, e.g. for `xs[i]` with a
+# per-example `i` or a stateless random op with per-example seeds).
 os.environ.setdefault("TFP_AUTOBATCH_STRICT_PFOR", "1")
 # `verify` runs after every compiler pass (pipeline.py).
 os.environ.setdefault("TFP_AUTOBATCH_DEBUG", "1")

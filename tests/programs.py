@@ -797,6 +797,41 @@ def list_values(a, b):
   return pair[1] - pair[0]
 
 
+def _negated_comparisons_oracle(x):
+  x = float(x)
+  r = 0
+  if not x <= 0.0:
+    r += 1
+  if not x < 1.0:
+    r += 10
+  if not x >= -1.0:
+    r += 100
+  k = 0
+  while not x > 1.5 and k < 3:
+    k += 1
+  return r + 1000 * k
+
+
+@register(args(floats(-2.0, 2.0, extremes=(np.nan, np.inf, -np.inf, 0.0))),
+          tf.int32, oracle=_negated_comparisons_oracle)
+@tab.batch
+def negated_comparisons(x):
+  """`not (a <= b)` is True for a NaN, where `a > b` is False: TensorFlow's
+  graph optimiser rewrites the one into the other, so `not` must not be
+  written as a `LogicalNot` of the comparison."""
+  r = tf.constant(0)
+  if not (x <= 0.0):
+    r += 1
+  if not (x < 1.0):
+    r += 10
+  if not (x >= -1.0):
+    r += 100
+  k = 0
+  while not (x > 1.5) and k < 3:
+    k += 1
+  return r + 1000 * k
+
+
 @register(args(ints(0, 30, np.int64)), tf.int64, oracle=lambda n: int(n))
 @tab.batch
 def count_up_int64(n):

@@ -200,6 +200,43 @@ def test_mismatched_batch_sizes_are_a_clear_error():
     add(np.ones([2]), np.ones([3]))
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_batch_sizes_unknown_at_trace_time_are_checked_when_run(jit_compile):
+  # Under an input_signature of [None], batch sizes that differ used to
+  # give a silently wrong answer on pc:graph (a row dropped, or under XLA
+  # a missing row read as its neighbour).
+  @tab.batch
+  def doubled(a, b):
+    i = 0
+    while i < b:
+      a = a * 2.0
+      i += 1
+    return a
+
+  @tf.function(jit_compile=jit_compile, input_signature=[
+      tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.int32)])
+  def g(a, b):
+    return doubled(a, b, backend="pc:graph")
+
+  np.testing.assert_allclose(g(tf.constant([1., 3.]), tf.constant([1, 2])),
+                             [2., 12.])
+  # Eagerly an assertion names the problem; under XLA, which drops
+  # assertions, the reshape to the first argument's size fails.
+  match = "Reshape|reshape" if jit_compile else "different batch sizes"
+  with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+    g(tf.constant([1., 2., 3.]), tf.constant([1, 2, 3, 4]))
+
+  # One size known: the unknown one is checked against it.
+  @tf.function(jit_compile=jit_compile,
+               input_signature=[tf.TensorSpec([None], tf.float32)])
+  def h(a):
+    return doubled(a, tf.constant([1, 2, 3]), backend="pc:graph")
+
+  np.testing.assert_allclose(h(tf.constant([1., 1., 1.])), [2., 4., 8.])
+  with pytest.raises(tf.errors.InvalidArgumentError):
+    h(tf.constant([1., 1.]))
+
+
 @pytest.mark.parametrize("backend", tab.BACKENDS)
 def test_wrong_number_of_arguments_is_a_clear_error(backend):
   # The local backends used to ignore an extra argument and run.
@@ -287,3 +324,69 @@ def test_code_pfor_cannot_vectorise_runs_as_a_loop_with_a_warning(
                                    jit_compile=backend.endswith("xla"))
   np.testing.assert_allclose(got, expected, rtol=1e-6)
   assert "falls back to a sequential loop" in caplog.text
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_values_with_no_elements(backend):
+  # A per-example shape with a zero (here [0]) used to crash the local
+  # backends where a block ran for some members only (scatter).
+  @tab.batch
+  def grow(v, n):
+    while n > 0:
+      v = v + 1.0
+      n = n - 1
+    return v, n
+  v, n = grow(np.zeros((3, 0), np.float32), np.array([0, 2, 1], np.int32),
+              backend=backend)
+  assert v.shape == (3, 0)
+  np.testing.assert_array_equal(n, [0, 0, 0])
+
+
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+def test_local_recursion_reaches_max_stack_depth(backend):
+  # The local runtime and the reference interpreter recurse in Python: a
+  # bound of 600 used to end in a bare RecursionError (Python's limit of
+  # 1,000 frames) near depth 450, before the program's own bound.
+  @tab.batch(max_stack_depth=600)
+  def down(n):
+    if n <= 0:
+      return 0
+    return down(n - 1) + 1
+  np.testing.assert_array_equal(
+      down(np.array([599, 3], np.int32), backend=backend), [599, 3])
+  assert down.last_stats.max_stack_depth == 600
+  np.testing.assert_array_equal(down.reference(np.array([599], np.int32)),
+                                [599])
+  with pytest.raises(tab.StackOverflowError, match="max_stack_depth=600"):
+    down(np.array([600], np.int32), backend=backend)
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_stats_of_an_empty_batch(backend):
+  fib(np.array([], np.int32), backend=backend)
+  assert fib.last_stats.batch_size == 0
+  assert fib.last_stats.max_stack_depth == 0
+
+
+def test_ragged_and_sparse_arguments_are_a_clear_error():
+  @tab.batch
+  def total(x):
+    return tf.reduce_sum(x)
+  with pytest.raises(TypeError, match=r"RaggedTensor.*to_tensor"):
+    total(tf.ragged.constant([[1, 2], [3]]))
+  with pytest.raises(TypeError, match="SparseTensor"):
+    total((tf.sparse.from_dense(tf.eye(2)),))
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_strings_run_where_there_is_no_xla(backend):
+  @tab.batch
+  def doubled(s):
+    return s + s
+  words = np.array([b"a", b"bb"])
+  if backend in ("local:eager_xla", "pc:xla"):
+    with pytest.raises(TypeError, match="XLA, which has no strings"):
+      doubled(words, backend=backend)
+  else:
+    np.testing.assert_array_equal(doubled(words, backend=backend),
+                                  [b"aa", b"bbbb"])

@@ -4,7 +4,7 @@ For each program of `programs.PROGRAMS`, each backend of `tab.BACKENDS` and
 each batch size, a batched call must equal
 
   * `fn.reference(*inputs)`, the reference interpreter run example by example
-    (the source of truth, DESIGN.md), and
+    (the source of truth), and
   * a plain Python loop that runs the original function eagerly on each
     example (`fn.run_unbatched`) and stacks the results.
 

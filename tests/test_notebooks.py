@@ -28,6 +28,18 @@ def test_first_cell_installs_on_colab_and_reads_the_size_flag(path):
   assert '"google.colab" in sys.modules' in first
   assert "!pip install" in first
   assert notebook_cells.SIZE_FLAG in first
+  # With no setting, it installs from the repository the badges open.
+  assert notebook_cells.DEFAULT_REPOSITORY in first
+
+
+def test_badges_open_the_repository_the_notebooks_install():
+  readme = (COLAB.parent / "README.md").read_text()
+  repository = notebook_cells.DEFAULT_REPOSITORY.removeprefix(
+      "https://github.com/")
+  for path in NOTEBOOKS:
+    badge = ("https://colab.research.google.com/github/"
+             f"{repository}/blob/main/colab/{path.name}")
+    assert badge in readme, f"README has no Colab badge {badge}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -316,7 +316,9 @@ def test_parameters_copy_and_calibration(fused_kernel):
   params = fused_kernel.parameters
   assert set(params) == {"target_log_prob_fn", "step_size", "max_tree_depth",
                          "unrolled_leapfrog_steps",
-                         "num_trajectories_per_step", "backend", "name"}
+                         "num_trajectories_per_step", "backend", "name",
+                         "max_energy_diff", "parallel_iterations",
+                         "experimental_shard_axis_names"}
   copy = fused_kernel.copy(max_tree_depth=3)
   assert copy.max_tree_depth == 3
   assert copy.num_trajectories_per_step == 2
@@ -475,6 +477,58 @@ def test_bad_settings_are_rejected():
           tf.constant(INIT))
   with pytest.raises(tab.UnknownBackendError):
     nuts.NoUTurnSampler(gaussian_log_prob, 0.1, backend="nope")
+
+
+def test_tfp_keyword_arguments_are_taken():
+  """tfp.mcmc.NoUTurnSampler's extra arguments work by keyword, survive a
+  wrapper's `copy`, and its positional fourth (max_energy_diff) is not
+  silently read as our fourth (unrolled_leapfrog_steps)."""
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.1, max_energy_diff=500.,
+                               parallel_iterations=4)
+  assert kernel.max_energy_diff == 500. and kernel.parallel_iterations == 4
+  assert kernel.experimental_shard_axis_names is None
+  copied = kernel.copy(step_size=0.2)
+  assert copied.max_energy_diff == 500. and copied.parallel_iterations == 4
+  with pytest.raises(ValueError, match="pass max_energy_diff=... by keyword"):
+    nuts.NoUTurnSampler(gaussian_log_prob, 0.1, 10, 1000.)
+  for bad in (0., -1., float("nan"), True):
+    with pytest.raises(ValueError, match="max_energy_diff"):
+      nuts.NoUTurnSampler(gaussian_log_prob, 0.1, max_energy_diff=bad)
+  with pytest.raises(ValueError, match="parallel_iterations"):
+    nuts.NoUTurnSampler(gaussian_log_prob, 0.1, parallel_iterations=0)
+  with pytest.raises(NotImplementedError, match="sharded"):
+    nuts.NoUTurnSampler(gaussian_log_prob, 0.1,
+                        experimental_shard_axis_names=["chains"])
+
+
+def test_max_energy_diff_decides_divergence():
+  """A small max_energy_diff makes steps that raise the energy by more
+  divergent, ending their trajectories, exactly as in the NumPy reference
+  given the same threshold (deterministic: false-failure rate 0)."""
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.6, max_tree_depth=4,
+                               backend=EAGER, max_energy_diff=0.05)
+  init = tf.constant(INIT)
+  state, results = kernel.one_step(init, kernel.bootstrap_results(init),
+                                   seed=[5, 6])
+  seed = np.asarray(results.seed)
+  sampler = reference_numpy.Sampler(numpy_logp_and_grad, max_tree_depth=4,
+                                    max_energy_diff=0.05)
+  divergent = []
+  for c in range(len(INIT)):
+    q, _, _, stats = sampler.steps(INIT[c], np.full(3, 0.6),
+                                   [seed[0], seed[1], c], 1)
+    np.testing.assert_allclose(state[c], q, rtol=1e-10, atol=1e-12)
+    assert results.leapfrogs_taken[c] == stats[0]["num_leapfrogs"]
+    divergent.append(stats[0]["divergent"])
+  np.testing.assert_array_equal(results.has_divergence, divergent)
+  # The threshold matters here: some chains diverge, which the default
+  # threshold (1000) never lets them do on this target and step size.
+  assert any(divergent)
+  default = nuts.NoUTurnSampler(gaussian_log_prob, 0.6, max_tree_depth=4,
+                                backend=EAGER)
+  _, default_results = default.one_step(
+      init, default.bootstrap_results(init), seed=[5, 6])
+  assert not np.any(default_results.has_divergence)
 
 
 def test_several_chain_dimensions(fused_kernel, fused_step):

@@ -23,9 +23,17 @@ _UNBATCHED = contextvars.ContextVar("tfp_autobatch_unbatched", default=False)
 class BatchedFunction:
   """A function written for one example, callable on a batch.
 
-  Call it with batches (tensors, arrays, or tuples/namedtuples of them, whose
-  leading dimension is the batch); it returns what calling the Python
-  function on each example and stacking the results would.
+  Call it with batches (tensors, arrays, or tuples, namedtuples or dicts of
+  them, whose leading dimension is the batch); it returns what calling the
+  Python function on each example and stacking the results would.
+
+  Attributes:
+    max_stack_depth: the recursion bound of a call (see `tab.batch`).
+    backend: the backend given to `tab.batch`, or None for the default.
+    last_stats: the `tab.RunStats` of the last eager call (None after a
+      call traced inside `tf.function`).
+    last_stats_tensors: the same counts as tensors of the last call, also
+      a traced one (the pc backends; None on the local ones).
   """
 
   def __init__(self, python_function, max_stack_depth=DEFAULT_MAX_STACK_DEPTH,
@@ -54,6 +62,9 @@ class BatchedFunction:
 
   @tf.autograph.experimental.do_not_convert
   def __call__(self, *args, backend=None):
+    """Runs the function on a batch: one positional argument per parameter,
+    each a batch; `backend` (a name in `tab.BACKENDS`) overrides the
+    function's and the scope's default for this call."""
     if _UNBATCHED.get():
       return self.python_function(*args)
     if vectorize.inside_vectorized_code.get():
@@ -66,6 +77,12 @@ class BatchedFunction:
     name = backends.check_name(backend or self.backend
                                or config.current_default_backend())
     args, arg_types, batch_size = _prepare(self, args)
+    if name in backends.COMPILED_BY_XLA and any(
+        x.dtype == tf.string for x in tf.nest.flatten(args)):
+      raise TypeError(
+          f"backend {name!r} compiles with XLA, which has no strings, and an "
+          f"argument of {self!r} holds strings; use 'pc:graph' or "
+          "'local:eager' for it")
     if name in backends.EAGER_ONLY and not tf.executing_eagerly():
       raise errors.AutobatchError(
           f"backend {name!r} runs its control flow eagerly in Python and "
@@ -140,6 +157,14 @@ def _prepare(fn, args):
           f"argument {i} of {fn!r} is a Python list, which would be read as "
           "a structure of separate batches; pass the batch as an array or "
           "tensor (np.array([...])), or a tuple of batches")
+    composite = [x for x in tf.nest.flatten(a) if isinstance(
+        x, (tf.RaggedTensor, tf.SparseTensor))]
+    if composite:
+      raise TypeError(
+          f"argument {i} of {fn!r} holds a {type(composite[0]).__name__}; "
+          "batches must be dense tensors or arrays: pad the examples to one "
+          "shape (e.g. RaggedTensor.to_tensor()) and pass their lengths as "
+          "another argument")
     converted.append(tf.nest.map_structure(tf.convert_to_tensor, a))
   ranks = {x.shape.rank for x in tf.nest.flatten(converted)}
   if None in ranks:
@@ -150,12 +175,45 @@ def _prepare(fn, args):
   if 0 in ranks:
     raise ValueError(f"every argument leaf of {fn!r} needs a leading batch "
                      "dimension; got a scalar tensor")
-  sizes = {x.shape[0] for x in tf.nest.flatten(converted)}
-  if len(sizes) != 1:
-    raise ValueError(f"arguments of {fn!r} have different batch sizes {sizes}")
-  size = sizes.pop()
+  converted, size = _same_batch_size(fn, converted)
   arg_types = [types_lib.type_of_value(a, batched=True) for a in converted]
-  return converted, arg_types, (None if size is None else int(size))
+  return converted, arg_types, size
+
+
+def _same_batch_size(fn, args):
+  """`(args, batch size)`: every leaf's leading dimension must be the same.
+
+  Sizes known at trace time are checked now. A leaf whose size is unknown
+  (a `tf.function` input_signature of [None, ...]) is checked when the
+  graph runs: against the known size with `tf.ensure_shape`, or against
+  the first leaf's by an assertion and a reshape to that size, which
+  fails where XLA drops the assertion (`jit_compile=True`). The size is
+  None if no leaf knows it."""
+  leaves = tf.nest.flatten(args)
+  known = {x.shape[0] for x in leaves} - {None}
+  if len(known) > 1:
+    raise ValueError(f"arguments of {fn!r} have different batch sizes "
+                     f"{sorted(known)}")
+  if all(x.shape[0] is not None for x in leaves):
+    return args, int(known.pop())
+  message = (f"arguments of {fn!r} have different batch sizes (their "
+             "leading dimensions)")
+  if known:
+    size = int(known.pop())
+    def checked(x):
+      return tf.ensure_shape(x, [size] + x.shape[1:]) if (
+          x.shape[0] is None) else x
+    return tf.nest.map_structure(checked, args), size
+  first = tf.shape(leaves[0])[0]
+  def same_as_first(x):
+    check = tf.debugging.assert_equal(tf.shape(x)[0], first,
+                                      message=message)
+    with tf.control_dependencies([check]):
+      same = tf.reshape(x, tf.concat([[first], tf.shape(x)[1:]], 0))
+    same.set_shape(x.shape)
+    return same
+  return tf.nest.map_structure(
+      lambda x: x if x is leaves[0] else same_as_first(x), args), None
 
 
 class BatchedPrimitive:
@@ -188,7 +246,24 @@ class BatchedPrimitive:
 
 
 def batch(fn=None, *, max_stack_depth=DEFAULT_MAX_STACK_DEPTH, backend=None):
-  """Decorator: `@tab.batch` or `@tab.batch(max_stack_depth=..., backend=...)`."""
+  """Makes a function written for one example callable on a batch.
+
+  Use as `@tab.batch` or `@tab.batch(max_stack_depth=..., backend=...)`.
+
+  Args:
+    fn: the Python function (given when used without parentheses).
+    max_stack_depth: the deepest recursion a call may reach, the batched
+      functions it calls included (default 64). Exceeding it raises
+      `tab.StackOverflowError` (README, "Recursion depth"); the pc
+      backends carry this many rows per stacked variable, so a bound far
+      above what you need costs memory and time.
+    backend: the backend for this function's calls (a name in
+      `tab.BACKENDS`); None uses `tab.default_backend`'s, "pc:xla" unless
+      set. A call's own `backend=` overrides both.
+
+  Returns:
+    A `BatchedFunction`.
+  """
   if fn is None:
     return lambda f: BatchedFunction(f, max_stack_depth, backend)
   return BatchedFunction(fn, max_stack_depth, backend)

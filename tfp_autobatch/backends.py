@@ -36,6 +36,7 @@ _FACTORIES = {
 
 BACKENDS = tuple(_FACTORIES)
 EAGER_ONLY = ("local:eager", "local:eager_xla", "pc:eager")
+COMPILED_BY_XLA = ("local:eager_xla", "pc:xla")
 
 
 def check_name(name):

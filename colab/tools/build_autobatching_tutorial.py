@@ -73,13 +73,23 @@ the Python stack (Fig. 1).
 
 The **program-counter** strategy (Algorithm 2) merges all functions into one
 program and replaces `call` by `push`/`pop` of the variables live across the
-call and a `pushjump` to the callee. The runtime keeps the stacks itself
-(Fig. 3), so the whole batched program runs as one TensorFlow graph or XLA
-computation, and members at different recursion depths run the same block
-together. Variables that never cross a VM step are `temporaries`; those no
-call can clobber are `registers` without a stack."""),
+call and a jump to the callee that pushes the return address. The runtime
+keeps the stacks itself (Fig. 3), so the whole batched program runs as one
+TensorFlow graph or XLA computation, and members at different recursion
+depths run the same block together. Variables that never cross a VM step are
+`temporaries`; those no call can clobber are `registers` without a stack.
+
+Below, passes beyond the paper's have already run: the callee's first
+block (`n <= 1`) is copied into each call site, so the call ends in a
+`pushbranch` straight to `then1` or `endif3` instead of a jump to `entry`,
+and each call's continuation is its own block (`endif3.1`, `endif3.1.2`).
+`docs/internals.md` in the repository describes every pass."""),
 code("""print(fib.ir(level=2))"""),
-md("""A non-recursive program needs no variable stacks at all:"""),
+md("""A non-recursive program needs no variable stacks at all. The blocks
+`body2` and `endloop3` of IR-1 are copied into the blocks that jump to
+them, so a member whose loop ends returns from the block it is in
+(`return if not ...`) and the others branch on: three blocks where IR-1
+has five."""),
 code("""print(collatz.ir(level=2))"""),
 md("""## 5. Choosing a backend
 
@@ -96,9 +106,11 @@ were active in an executed block."""),
 code("""for backend in ["local:eager_xla", "pc:xla"]:
     fib(np.arange(1, 13, dtype=np.int32), backend=backend)
     print(backend, fib.last_stats)"""),
-md("""The program-counter runtime takes more steps (it also counts calls and
-returns as blocks) but batches members across recursion depths, and each
-step is a cheap piece of one compiled XLA loop.
+md("""Both strategies take about as many steps here; the program-counter
+runtime batches members across recursion depths (a member in its third
+recursive call and one in its fifth run `endif3` together), and each of its
+steps is a cheap piece of one compiled XLA loop, where the local runtime
+returns to Python between blocks.
 
 ## 7. Stack overflow is an error, never a wrong answer"""),
 code("""@tab.batch(max_stack_depth=5)

@@ -17,9 +17,11 @@ md("""# A drop-in recursive NUTS kernel for `tfp.mcmc`
 `nuts.NoUTurnSampler` is the No-U-Turn Sampler written for **one** chain as
 plain recursive Python (`build_tree` calls itself, as in Hoffman & Gelman
 2014) and batched over chains by `tfp_autobatch`. It is a
-`tfp.mcmc.TransitionKernel` with the same arguments and kernel results as
-`tfp.mcmc.NoUTurnSampler`, so it composes with `TransformedTransitionKernel`,
-step-size adaptation and `sample_chain`.
+`tfp.mcmc.TransitionKernel` that takes `tfp.mcmc.NoUTurnSampler`'s
+arguments (by keyword beyond the first three; it adds
+`num_trajectories_per_step` and `backend`) and returns the same kernel
+results, so it composes with `TransformedTransitionKernel`, step-size
+adaptation and `sample_chain`.
 
 This notebook fits a hierarchical model with TFP's NUTS, swaps one line to
 fit it with ours, checks the two posteriors with ArviZ, and then measures
@@ -212,19 +214,23 @@ plt.xlabel("chains"); plt.ylabel("gradients / second"); plt.legend()
 plt.title("NUTS on the radon-style model, XLA on this machine's CPU"); plt.show()"""),
 md("""Both kernels evaluate the log density and its gradient on the whole
 batch of active chains at once, so throughput grows with the number of
-chains until the hardware saturates. They differ in how a step is run, and
-the last column of the table says what that costs: TFP's kernel is a
-hand-batched iterative tree builder, one `while` loop iteration per
-leapfrog step; ours is the recursive single-chain program run by
-`tfp_autobatch`'s program-counter virtual machine, which takes several VM
-steps per leapfrog step (one basic block each: the leaf, the recursive
-calls and returns with their stack pushes and pops, the merges) and
-dispatches every step through a `switch` over all blocks. On a CPU with a
-cheap model that overhead dominates; it matters less where the gradient
-itself is expensive. What ours buys is the program: NUTS as the
-paper writes it, recursion included, batched without hand-written masking.
-See the README for the kernel's arguments and what it adds
-(`num_trajectories_per_step` trajectory fusion, `gradient_utilization`)."""),
+chains until the hardware saturates. They differ in how a step is run:
+TFP's kernel is a hand-batched iterative tree builder, one `while` loop
+iteration per leapfrog step, and computes every chain's row until the
+step's longest trajectory ends. Ours is the recursive single-chain program
+run by `tfp_autobatch`'s program-counter virtual machine: a VM step runs
+one group of basic blocks (a subtree of one or two leaves is one step,
+the recursion's calls and returns cost steps of their own), and each
+gradient call computes the rows of the chains that reach it only. So the
+VM's own steps are its overhead, which shows most with few chains and a
+cheap model, and the chains left waiting for the longest trajectory are
+TFP's, which shows most with many chains. The last column is this
+machine's run; the README's benchmarks measure both kernels, and TFP's
+reference autobatched NUTS, on the paper's models. What ours also buys is
+the program: NUTS as the paper writes it, recursion included, batched
+without hand-written masking. See the README for the kernel's arguments
+and what it adds (`num_trajectories_per_step` trajectory fusion,
+`gradient_utilization`)."""),
 md("""## 7. Where the gradients go: stragglers and trajectory fusion
 
 Chains take trajectories of different lengths, so in a batched step a few
@@ -237,8 +243,7 @@ chains each gradient call was made for.
 With `num_trajectories_per_step=10` (trajectory fusion), one `one_step`
 advances every chain by ten trajectories in one batched program. A chain
 that finishes a short trajectory starts its next one instead of waiting,
-so calls for a handful of chains become rare. They remain only at the
-end, where the last chains finish their tenth trajectory.
+so a larger share of the calls serves every chain.
 `gradient_utilization` (useful over computed gradients) is in the kernel
 results."""),
 code("""chains = 8 if SMALL else 64
@@ -258,12 +263,15 @@ for k in (1, 10):
           f"{count(lambda m: 4 <= m < chains / 2)} for fewer, "
           f"{count(lambda m: m < 4)} for 1-3; gradient utilisation "
           f"{float(results.inner_results.gradient_utilization):.2f}")"""),
-md("""Unfused, the step waits on its longest trajectory: the last gradient
-calls run for the few chains still walking, and most calls run for a
-part of the batch. Fused, a chain that finishes a trajectory starts its
-next one, so more of each call's rows do useful work and the utilisation
-rises. Calls for a handful of chains remain at the very end, while the
-last chains finish their tenth trajectory.
+md("""Unfused, the step waits on its longest trajectory: after its first
+calls, most calls run for a part of the batch. Fused, a chain that
+finishes a trajectory starts its next one, so more calls run for every
+chain, more of each call's rows do useful work and the utilisation rises.
+Calls for a handful of chains are not gone: they come at the end, while
+the last chains finish their tenth trajectory, and ten trajectories give
+the longest of them more chances to be long, so there can be more of them
+than unfused. They compute few rows, so they weigh little in the
+utilisation.
 
 Under `pc:xla` a call made for a few chains runs on a few rows: they are
 gathered into the smallest of 64, 32, ..., 1 rows that holds them. Such

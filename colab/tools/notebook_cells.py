@@ -1,7 +1,8 @@
 """Cells and metadata shared by the builders of the Colab notebooks.
 
 Every tutorial starts with the same first cell: on Colab it installs
-tfp_autobatch from its repository (plus the notebook's own extra packages),
+tfp_autobatch from its repository (the one the README's badges point to,
+or $TFP_AUTOBATCH_REPO) (plus the notebook's own extra packages),
 elsewhere it does nothing; and it reads the size flag TAB_NOTEBOOK_SMALL=1
 that keeps test runs short. The builders (`build_*.py` beside this file) are
 run as scripts, so they import this module by its bare name.
@@ -13,6 +14,8 @@ from nbformat.v4 import new_code_cell, new_notebook
 
 SIZE_FLAG = "TAB_NOTEBOOK_SMALL"
 REPOSITORY_VARIABLE = "TFP_AUTOBATCH_REPO"
+# Where the README's Colab badges point; TFP_AUTOBATCH_REPO overrides it.
+DEFAULT_REPOSITORY = "https://github.com/tfp-autobatch/tfp_autobatch"
 
 
 def install_cell(extra_requirements=()):
@@ -28,9 +31,8 @@ def install_cell(extra_requirements=()):
 # On Colab, install tfp_autobatch from its repository; elsewhere do nothing.
 import os, sys
 if "google.colab" in sys.modules:
-    REPOSITORY = os.environ.get("{REPOSITORY_VARIABLE}", "")  # set to the project's git URL
-    if not REPOSITORY:
-        raise RuntimeError("Set {REPOSITORY_VARIABLE} to the git URL of tfp_autobatch")
+    # Another copy of the repository: %env {REPOSITORY_VARIABLE}=<its git URL>
+    REPOSITORY = os.environ.get("{REPOSITORY_VARIABLE}", "{DEFAULT_REPOSITORY}")
     !pip install -q {packages}
 # A size flag keeps test runs short: {SIZE_FLAG}=1.
 SMALL = os.environ.get("{SIZE_FLAG}", "0") == "1\"""")

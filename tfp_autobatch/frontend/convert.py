@@ -90,7 +90,7 @@ class FunctionConverter:
 
   def error(self, node, construct, hint):
     return errors.ConversionError(
-        f"{construct} is not supported here; {hint}.",
+        f"not supported here: {construct}; {hint}.",
         function=self.py_fn.__qualname__, filename=self.filename,
         lineno=getattr(node, "lineno", self.node.lineno), construct=construct)
 

@@ -56,7 +56,11 @@ def _pick(test, if_true, if_false):
 
 
 def logical_not(x):
-  return tf.logical_not(truthy(x))
+  """Python's `not x`. Written `x == False`: Grappler's arithmetic
+  optimiser rewrites `LogicalNot(LessEqual(a, b))` in a graph as
+  `Greater(a, b)`, which is False where `not (a <= b)` is True for a NaN
+  (TF 2.21)."""
+  return tf.equal(truthy(x), False)
 
 
 def all_of(*conditions):

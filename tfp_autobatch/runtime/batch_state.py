@@ -33,8 +33,13 @@ def gather(value, indices):
 def scatter(old, indices, new):
   """`old` with rows `indices` replaced by the rows of `new`."""
   idx = tf.expand_dims(indices, -1)
-  return tf.nest.map_structure(
-      lambda o, n: tf.tensor_scatter_nd_update(o, idx, n), old, new)
+  def leaf(o, n):
+    if 0 in o.shape[1:]:
+      # No elements to replace (a per-example shape such as [0]), which
+      # tensor_scatter_nd_update rejects.
+      return o
+    return tf.tensor_scatter_nd_update(o, idx, n)
+  return tf.nest.map_structure(leaf, old, new)
 
 
 def where(mask, new, old):

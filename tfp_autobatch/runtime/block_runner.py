@@ -216,8 +216,8 @@ class BlockRunner:
     for op in block.ops:
       match op:
         case ir2.Guarded(cond, when, inner):
-          taken = tf.cast(read(cond), tf.bool)
-          guard = taken if when else tf.logical_not(taken)
+          # `== when`, not `tf.logical_not`: see `pyops.logical_not`.
+          guard = tf.equal(tf.cast(read(cond), tf.bool), when)
           run_op(inner, guard)
         case _:
           run_op(op, None)

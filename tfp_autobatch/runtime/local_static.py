@@ -20,8 +20,14 @@ from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.runtime import python_stack
 from tfp_autobatch.runtime import segments
 from tfp_autobatch.runtime import stats as stats_lib
+
+
+# Python frames a level of recursion takes (`_call`, `_Frame.run`, and
+# room for what runs between them).
+_FRAMES_PER_LEVEL = 6
 
 
 def _next_power_of_two(n):
@@ -59,8 +65,9 @@ class LocalStaticRuntime:
       rows = np.concatenate([np.arange(batch_size),
                              np.zeros(padded - batch_size, np.int64)])
       args = [batch_state.gather(a, rows) for a in args]
-    result = self._call(self.program.entry, list(args), batch_size, padded,
-                        depth=1)
+    with python_stack.room_for(self.max_stack_depth, _FRAMES_PER_LEVEL):
+      result = self._call(self.program.entry, list(args), batch_size,
+                          padded, depth=1)
     return batch_state.take(result, batch_size)
 
   def _padded(self, n):
@@ -86,7 +93,8 @@ class LocalStaticRuntime:
           f"recursion in '{fn.shown_name}' went deeper than max_stack_depth="
           f"{self.max_stack_depth}; pass a larger one to "
           "@tab.batch(max_stack_depth=...)")
-    self.stats.max_stack_depth = max(self.stats.max_stack_depth, depth)
+    if real_size:
+      self.stats.max_stack_depth = max(self.stats.max_stack_depth, depth)
     frame = _Frame(self, fn, dict(zip(fn.params, args)), size)
     labels = fn.block_index()
     done = len(fn.blocks)

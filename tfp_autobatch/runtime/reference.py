@@ -7,12 +7,14 @@ import tensorflow as tf
 
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.runtime import python_stack
 from tfp_autobatch.runtime import vectorize
 
 
 def run_example(program, args, max_stack_depth):
   """Runs the entry function of a typed program on one example's args."""
-  return _run(program, program.entry, list(args), 1, max_stack_depth)
+  with python_stack.room_for(max_stack_depth, frames_per_level=4):
+    return _run(program, program.entry, list(args), 1, max_stack_depth)
 
 
 def _run(program, fn, args, depth, max_stack_depth):
