@@ -42,7 +42,11 @@ NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
     "is_accepted",            # [chains] the last trajectory moved
     "reach_max_depth",        # [chains] some trajectory hit max_tree_depth
     "has_divergence",         # [chains] some trajectory diverged
-    "energy",                 # [chains] Hamiltonian at the sampled state
+    "energy",                 # [chains] logp - |p|^2 / 2 at the sampled
+                              # state: minus the Hamiltonian, the sign
+                              # of tfp.mcmc.NoUTurnSampler's `energy`
+                              # (bootstrap: with a momentum of ones, as
+                              # there)
     "seed",                   # [2] int32, the seed this step used
     # Gradient utilisation of the batched call: useful gradients (the sum of
     # leapfrogs_taken) over the gradients the batch computed, counted by the
@@ -76,8 +80,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   """The No-U-Turn Sampler, recursive and batched over chains.
 
   Multinomial trajectory sampling with biased progressive sampling at the top
-  level and the generalized U-turn criterion (with Stan's seam checks), as in
-  Stan and `tfp.mcmc.NoUTurnSampler` (see `nuts/tree.py`).
+  level and the generalized U-turn criterion, as in Stan and
+  `tfp.mcmc.NoUTurnSampler`, with Stan's seam checks, which TFP's kernel
+  does not make (see `nuts/tree.py`).
 
   Args:
     target_log_prob_fn: batch-aware log density, called as
@@ -330,7 +335,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         log_accept_ratio=zeros,
         leapfrogs_taken=tf.zeros(tf.shape(logp), tf.int32),
         is_accepted=false, reach_max_depth=false, has_divergence=false,
-        energy=-logp,
+        energy=logp - 0.5 * tf.cast(tf.add_n(
+            [tf.reduce_prod(tf.shape(p)[logp.shape.rank:]) for p in parts]),
+            logp.dtype),
         seed=tf.zeros([2], tf.int32),
         num_grads_computed=tf.constant(0, tf.int32),
         gradient_utilization=tf.constant(1., logp.dtype))
@@ -526,6 +533,8 @@ def _check_finite_start(logp):
   (InvalidArgumentError when it runs), which XLA drops under
   `jit_compile=True`, where nothing can raise."""
   if not tf.executing_eagerly():
+    if logp.shape.rank == 0:   # one chain, no chain dimension
+      logp = logp[tf.newaxis]
     finite = tf.math.is_finite(logp)
     tf.debugging.Assert(
         tf.reduce_all(finite),

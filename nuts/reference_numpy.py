@@ -101,7 +101,7 @@ class Sampler:
     if not second["ok"]:
       return dict(second, accept=accept, n=n)
     log_w = _log_add_exp(first["log_w"], second["log_w"])
-    u = uniform(seed, [traj, doubling, _MERGE, depth, start])
+    u = uniform(seed, [_MERGE, traj, doubling, depth, start])
     chosen = second if math.log(u) < second["log_w"] - log_w else first
     ok = _no_u_turn_merge(first["rho"], first["p_inner"], first["p_outer"],
                           second["rho"], second["p_inner"], second["p_outer"])
@@ -113,14 +113,14 @@ class Sampler:
 
   def trajectory(self, q, logp, g, step, seed, traj):
     """One transition; returns (q, logp, grad, stats dict)."""
-    p = normal(seed, [traj, _MOMENTUM], q.size)
+    p = normal(seed, [_MOMENTUM, traj], q.size)
     h0 = -logp + 0.5 * p @ p
     left = right = (q, p, g)
     sample = (q, p, logp, g)
     log_w, rho = 0.0, p
     accept, n, moved, divergent, going, depth = 0.0, 0, False, False, True, 0
     while going and depth < self.max_tree_depth:
-      forward = uniform(seed, [traj, depth, _DIRECTION]) < 0.5
+      forward = uniform(seed, [_DIRECTION, traj, depth]) < 0.5
       start_q, start_p, start_g = right if forward else left
       tree = self.build_tree(start_q, start_p, start_g,
                              step if forward else -step, depth, h0, seed,
@@ -130,7 +130,7 @@ class Sampler:
       divergent = divergent or tree["divergent"]
       going = tree["ok"]
       if going:
-        u = uniform(seed, [traj, depth, _TOP_ACCEPT])
+        u = uniform(seed, [_TOP_ACCEPT, traj, depth])
         if math.log(u) < tree["log_w"] - log_w:
           sample = (tree["q_s"], tree["p_s"], tree["logp_s"], tree["g_s"])
           moved = True
@@ -146,8 +146,8 @@ class Sampler:
         rho = rho + tree["rho"]
       depth += 1
     q_s, p_s, logp_s, g_s = sample
-    stats = dict(energy=-logp_s + 0.5 * p_s @ p_s,
-                 accept=accept / max(n, 1), num_leapfrogs=n,
+    stats = dict(energy=logp_s - 0.5 * p_s @ p_s,
+                 accept=accept / max(n // self.unrolled, 1), num_leapfrogs=n,
                  is_accepted=moved, divergent=divergent,
                  reach_max_depth=going and depth >= self.max_tree_depth)
     return q_s, logp_s, g_s, stats

@@ -18,12 +18,16 @@ use them:
   two "across the seam" criteria (the left subtree extended by the first
   state of the right one, and the right subtree extended by the last state of
   the left one), which catches U-turns that fall between the halves.
+  (`tfp.mcmc.NoUTurnSampler` 0.25 does not check the seams, so its
+  trajectories stop a little later, a few percent more leapfrogs.)
 
 A subtree that diverges (H - H0 > max_energy_diff, 1000 by default as in
 `tfp.mcmc`, or a non-finite energy) or turns is
 invalid: the trajectory stops and none of its states can be sampled. The
 acceptance statistic (for step-size adaptation) is the mean over every
-leapfrog step computed of min(1, exp(H0 - H)), as in Stan.
+leaf computed of min(1, exp(H0 - H)) (over every leapfrog step, as in
+Stan, when a leaf is one; at each leaf's last state, as in
+`tfp.mcmc.NoUTurnSampler`, when it is `unrolled_leapfrog_steps`).
 
 Everything in here is written for one chain: `q`, `p`, `grad` and `step` are
 [d] vectors (the chain's state parts flattened and concatenated, and the step
@@ -39,7 +43,11 @@ from nuts import random as nuts_random
 
 DEFAULT_MAX_ENERGY_DIFF = 1000.0
 
-# Random draws are keyed by (chain seed words, trajectory, doubling, kind, ...).
+# Random draws are keyed by (chain seed words, kind, trajectory, ...): the
+# kind comes first, so that draws of different kinds can never share a key
+# (with the kind third, the direction and top-level acceptance draws of
+# doubling 1 were momentum coordinate 1's two Box-Muller uniforms, which
+# biased that coordinate).
 _MOMENTUM, _DIRECTION, _TOP_ACCEPT, _MERGE = 1, 2, 3, 4
 
 Subtree = collections.namedtuple("Subtree", [
@@ -56,7 +64,8 @@ Subtree = collections.namedtuple("Subtree", [
 
 Trajectory = collections.namedtuple("Trajectory", [
     "q", "logp", "grad",       # the sampled next state of the chain
-    "energy",                  # H at the sampled state
+    "energy",                  # logp - |p|^2 / 2 at the sampled state
+                               # (-H: `tfp.mcmc.NoUTurnSampler`'s sign)
     "accept_sum", "num_leapfrogs",
     "is_accepted",             # the sample is not the starting state
     "divergent", "reach_max_depth", "depth",
@@ -132,16 +141,20 @@ def half_size(depth):
 
 
 def draw_momentum(seed, traj, q):
-  return nuts_random.normal(seed, [traj, _MOMENTUM], tf.size(q), q.dtype)
+  return nuts_random.normal(seed, [_MOMENTUM, traj], tf.size(q), q.dtype)
 
 
 def go_forward(seed, traj, depth):
-  return nuts_random.uniform(seed, [traj, depth, _DIRECTION]) < 0.5
+  return nuts_random.uniform(seed, [_DIRECTION, traj, depth]) < 0.5
 
 
-def mean_accept(accept_sum, num_leapfrogs):
-  n = tf.cast(tf.maximum(num_leapfrogs, 1), accept_sum.dtype)
-  return accept_sum / n
+def mean_accept(accept_sum, num_leapfrogs, leapfrogs_per_leaf):
+  """The mean acceptance statistic of a trajectory: one statistic per
+  leaf (at the leaf's last state, as in `tfp.mcmc.NoUTurnSampler`), so the
+  sum is divided by the leaves, not the leapfrogs, when a leaf takes
+  several (`unrolled_leapfrog_steps`)."""
+  leaves = tf.maximum(num_leapfrogs // leapfrogs_per_leaf, 1)
+  return accept_sum / tf.cast(leaves, accept_sum.dtype)
 
 
 def merge_subtrees(first, second, seed, words):
@@ -229,7 +242,7 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
     # One merge for both cases: traced and vectorised once (it is the
     # largest primitive of the program).
     return merge_subtrees(first, second, seed,
-                          [traj, doubling, _MERGE, depth, start])
+                          [_MERGE, traj, doubling, depth, start])
 
   @tab.batch(max_stack_depth=stack_depth)
   def trajectory(q, logp, grad, step, seed, traj):
@@ -262,7 +275,7 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
       # A valid subtree joins the trajectory; biased progressive sampling
       # takes its sample with probability min(1, w_new / w_old).
       take = tf.logical_and(tree.ok, accept_new(
-          seed, [traj, depth, _TOP_ACCEPT], tree.log_weight, log_weight))
+          seed, [_TOP_ACCEPT, traj, depth], tree.log_weight, log_weight))
       q_s, p_s, logp_s, grad_s = choose(
           take, (tree.q_sample, tree.p_sample, tree.logp_sample,
                  tree.grad_sample), (q_s, p_s, logp_s, grad_s))
@@ -284,7 +297,7 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
       rho = tf.where(tree.ok, rho + tree.rho, rho)
       depth = depth + 1
     reach_max_depth = going and depth >= max_tree_depth
-    energy = -logp_s + kinetic_energy(p_s)
+    energy = logp_s - kinetic_energy(p_s)
     return Trajectory(q_s, logp_s, grad_s, energy, accept_sum, num_leapfrogs,
                       moved, divergent, reach_max_depth, depth)
 
@@ -298,14 +311,14 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
     reach_max_depth = tf.constant(False)
     t = trajectory(q, logp, grad, step, seed, tf.constant(0, tf.int32))
     for i in range(1, num_trajectories):
-      accept_mean_sum = accept_mean_sum + mean_accept(t.accept_sum,
-                                                      t.num_leapfrogs)
+      accept_mean_sum = accept_mean_sum + mean_accept(
+          t.accept_sum, t.num_leapfrogs, unrolled_leapfrog_steps)
       num_leapfrogs = num_leapfrogs + t.num_leapfrogs
       divergent = divergent or t.divergent
       reach_max_depth = reach_max_depth or t.reach_max_depth
       t = trajectory(t.q, t.logp, t.grad, step, seed, i)
-    accept_mean_sum = accept_mean_sum + mean_accept(t.accept_sum,
-                                                    t.num_leapfrogs)
+    accept_mean_sum = accept_mean_sum + mean_accept(
+        t.accept_sum, t.num_leapfrogs, unrolled_leapfrog_steps)
     return StepResult(t.q, t.logp, t.grad, t.energy,
                       tf.math.log(accept_mean_sum / num_trajectories),
                       num_leapfrogs + t.num_leapfrogs, t.is_accepted,

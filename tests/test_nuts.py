@@ -531,6 +531,49 @@ def test_max_energy_diff_decides_divergence():
   assert not np.any(default_results.has_divergence)
 
 
+@pytest.mark.parametrize("unrolled", [1, 2, 3])
+def test_acceptance_is_averaged_over_leaves(unrolled):
+  """With a tiny step every leapfrog is accepted, so the mean acceptance
+  statistic is 1 whatever `unrolled_leapfrog_steps` is (as in TFP's
+  kernel, one statistic per leaf). It used to be divided by the leapfrogs,
+  1/2 and 1/3 here, which drove dual averaging's step size to zero."""
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 1e-4, max_tree_depth=3,
+                               unrolled_leapfrog_steps=unrolled,
+                               backend=EAGER)
+  init = tf.constant(INIT)
+  _, results = kernel.one_step(init, kernel.bootstrap_results(init),
+                               seed=[1, 2])
+  np.testing.assert_array_equal(results.leapfrogs_taken, 7 * unrolled)
+  np.testing.assert_allclose(np.exp(results.log_accept_ratio), 1., atol=1e-6)
+
+
+def test_energy_has_tfp_sign():
+  """`energy` is the log joint, logp - |p|^2 / 2, as in
+  tfp.mcmc.NoUTurnSampler (minus the Hamiltonian; ArviZ's energy plots
+  and code written for TFP read it so), and at bootstrap TFP's value."""
+  ours = nuts.NoUTurnSampler(gaussian_log_prob, 0.4, backend=EAGER)
+  theirs = tfp.mcmc.NoUTurnSampler(gaussian_log_prob, 0.4)
+  init = tf.constant(INIT)
+  start = ours.bootstrap_results(init)
+  np.testing.assert_allclose(start.energy,
+                             theirs.bootstrap_results(init).energy)
+  _, results = ours.one_step(init, start, seed=[1, 2])
+  kinetic = results.target_log_prob - results.energy
+  assert np.all(kinetic > 0)
+  # The kinetic energy of a standard normal momentum in 3-d: about 1.5.
+  assert 0.2 < np.mean(kinetic) < 5
+
+
+def test_one_chain_without_a_chain_dimension_traced():
+  # A [3] state with a scalar log density is one chain; traced, the start
+  # check's boolean_mask of a scalar used to fail.
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.4, backend="pc:graph")
+  init = tf.constant(INIT[0])
+  state, results = tf.function(lambda: kernel.one_step(
+      init, kernel.bootstrap_results(init), seed=[1, 2]))()
+  assert state.shape == (3,) and results.target_log_prob.shape == ()
+
+
 def test_several_chain_dimensions(fused_kernel, fused_step):
   """Chains may have any number of leading dimensions: [2, 2] chains give
   the same samples as the 4 chains flattened."""
