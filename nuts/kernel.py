@@ -68,10 +68,12 @@ def _check_positive_integer(arg, value):
   if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
       or value < 1):
     hint = ""
-    if arg == "unrolled_leapfrog_steps" and isinstance(value, numbers.Real):
-      hint = (" (tfp.mcmc.NoUTurnSampler's fourth positional argument is "
-              "max_energy_diff; here it is unrolled_leapfrog_steps: pass "
-              "max_energy_diff=... by keyword)")
+    if (arg == "unrolled_leapfrog_steps" and isinstance(value, numbers.Real)
+        and not isinstance(value, numbers.Integral)):
+      hint = (" (if it is the fourth positional argument: that is "
+              "max_energy_diff in tfp.mcmc.NoUTurnSampler and "
+              "unrolled_leapfrog_steps here; pass max_energy_diff=... by "
+              "keyword)")
     raise ValueError(f"{arg} must be a positive integer, got {value!r}"
                      + hint)
 
@@ -130,10 +132,15 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                         num_trajectories_per_step),
                        ("parallel_iterations", parallel_iterations)):
       _check_positive_integer(arg, value)
-    if (isinstance(max_energy_diff, bool)
-        or not isinstance(max_energy_diff, numbers.Real)
-        or not max_energy_diff > 0):
-      raise ValueError("max_energy_diff must be a positive number, got "
+    threshold = max_energy_diff
+    if tf.is_tensor(threshold):   # a constant, as TFP takes it
+      threshold = tf.get_static_value(threshold)
+      threshold = (None if threshold is None or np.ndim(threshold)
+                   else float(threshold))
+    if (isinstance(threshold, bool)
+        or not isinstance(threshold, numbers.Real) or not threshold > 0):
+      raise ValueError("max_energy_diff must be a positive number (a "
+                       "Python number or a constant scalar tensor), got "
                        f"{max_energy_diff!r}")
     if experimental_shard_axis_names is not None:
       raise NotImplementedError(
@@ -148,7 +155,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         max_tree_depth=int(max_tree_depth),
         unrolled_leapfrog_steps=int(unrolled_leapfrog_steps),
         num_trajectories_per_step=int(num_trajectories_per_step),
-        backend=backend, name=name, max_energy_diff=float(max_energy_diff),
+        backend=backend, name=name, max_energy_diff=float(threshold),
         parallel_iterations=int(parallel_iterations),
         experimental_shard_axis_names=None)
     self._programs = {}
@@ -392,7 +399,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   def _ran_key(self, layout):
     return (layout, self.max_tree_depth, self.unrolled_leapfrog_steps,
-            self.num_trajectories_per_step)
+            self.num_trajectories_per_step, self.max_energy_diff)
 
   def _one_step(self, current_state, previous_kernel_results, seed):
     parts, is_list = _as_parts(current_state)

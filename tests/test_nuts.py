@@ -491,6 +491,13 @@ def test_tfp_keyword_arguments_are_taken():
   assert copied.max_energy_diff == 500. and copied.parallel_iterations == 4
   with pytest.raises(ValueError, match="pass max_energy_diff=... by keyword"):
     nuts.NoUTurnSampler(gaussian_log_prob, 0.1, 10, 1000.)
+  # An integer out of range is not that mistake: no such hint.
+  with pytest.raises(ValueError) as error:
+    nuts.NoUTurnSampler(gaussian_log_prob, 0.1, unrolled_leapfrog_steps=0)
+  assert "max_energy_diff" not in str(error.value)
+  # A constant tensor is a number, as TFP takes it.
+  assert nuts.NoUTurnSampler(gaussian_log_prob, 0.1, max_energy_diff=(
+      tf.constant(10.))).max_energy_diff == 10.
   for bad in (0., -1., float("nan"), True):
     with pytest.raises(ValueError, match="max_energy_diff"):
       nuts.NoUTurnSampler(gaussian_log_prob, 0.1, max_energy_diff=bad)
@@ -661,6 +668,17 @@ def test_unrolled_leapfrogs_and_list_state_match_reference():
     np.testing.assert_allclose(np.append(x[c], y[c]), q, rtol=1e-10,
                                atol=1e-12)
     assert results.leapfrogs_taken[c] == stats[0]["num_leapfrogs"]
+
+
+def test_a_copy_with_other_tree_settings_runs_a_program_of_its_own():
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.3, backend="pc:graph")
+  init = tf.constant(INIT)
+  for settings in (dict(max_energy_diff=5.), dict(max_tree_depth=3)):
+    copy = kernel.copy(**settings)
+    results = copy.bootstrap_results(init)
+    copy.one_step(init, results, seed=[1, 2])
+    assert kernel.batched_program(init, results) is not (
+        copy.batched_program(init, results))
 
 
 def test_run_stats_of_a_wrapped_kernel_reach_the_kernel_the_user_made():

@@ -81,8 +81,8 @@ class BatchedFunction:
         x.dtype == tf.string for x in tf.nest.flatten(args)):
       raise TypeError(
           f"backend {name!r} compiles with XLA, which has no strings, and an "
-          f"argument of {self!r} holds strings; use 'pc:graph' or "
-          "'local:eager' for it")
+          f"argument of {self!r} holds strings; use 'pc:graph' (outside a "
+          "tf.function compiled with jit_compile) or 'local:eager' for it")
     if name in backends.EAGER_ONLY and not tf.executing_eagerly():
       raise errors.AutobatchError(
           f"backend {name!r} runs its control flow eagerly in Python and "
@@ -187,8 +187,11 @@ def _same_batch_size(fn, args):
   (a `tf.function` input_signature of [None, ...]) is checked when the
   graph runs: against the known size with `tf.ensure_shape`, or against
   the first leaf's by an assertion and a reshape to that size, which
-  fails where XLA drops the assertion (`jit_compile=True`). The size is
-  None if no leaf knows it."""
+  fails where XLA drops the assertion (`jit_compile=True`). Either way a
+  mismatch is an error, never an answer, though not always this one:
+  TensorFlow's graph optimiser may let the VM start before the assertion
+  (pc:graph, a later argument shorter than the first), and an index error
+  from inside the VM comes first. The size is None if no leaf knows it."""
   leaves = tf.nest.flatten(args)
   known = {x.shape[0] for x in leaves} - {None}
   if len(known) > 1:

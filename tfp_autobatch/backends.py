@@ -36,7 +36,7 @@ _FACTORIES = {
 
 BACKENDS = tuple(_FACTORIES)
 EAGER_ONLY = ("local:eager", "local:eager_xla", "pc:eager")
-COMPILED_BY_XLA = ("local:eager_xla", "pc:xla")
+COMPILED_BY_XLA = tuple(name for name in BACKENDS if name.endswith("xla"))
 
 
 def check_name(name):

@@ -267,8 +267,8 @@ class BlockRunner:
         state["pc_sp"] = sp
         state["pc_top"] = tf.where(active, back, pc_top)
       case ir2.ReturnOr(cond, when, otherwise):
-        taken = tf.cast(read(cond), tf.bool)
-        returning = active & (taken if when else ~taken)
+        # `== when`, not `~`: see `pyops.logical_not`.
+        returning = active & tf.equal(tf.cast(read(cond), tf.bool), when)
         # The two sets of members touch disjoint rows of the pc state.
         self._terminate(otherwise, state, pc_stack, writes,
                         active & ~returning, read)
