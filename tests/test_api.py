@@ -1,5 +1,6 @@
 """The public API: decorators, backends, errors, statistics."""
 import collections
+import functools
 
 import numpy as np
 import pytest
@@ -390,3 +391,20 @@ def test_strings_run_where_there_is_no_xla(backend):
   else:
     np.testing.assert_array_equal(doubled(words, backend=backend),
                                   [b"aa", b"bbbb"])
+
+
+def test_only_def_functions_can_be_batched():
+  def add(a, x):
+    return a + x
+  with pytest.raises(TypeError, match="defined with `def`"):
+    tab.batch(functools.partial(add, 5))
+
+  class Model:
+    @tab.batch
+    def doubled(self, x):
+      return x * 2
+  # Through an instance it would be a method, whose `self` is no batch.
+  with pytest.raises(TypeError, match="is a method"):
+    Model().doubled(np.array([1., 2.]))
+  # Looked up on the class it is the batched function itself.
+  assert isinstance(Model.doubled, tab.BatchedFunction)

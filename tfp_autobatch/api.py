@@ -38,8 +38,12 @@ class BatchedFunction:
 
   def __init__(self, python_function, max_stack_depth=DEFAULT_MAX_STACK_DEPTH,
                backend=None):
-    if not callable(python_function):
-      raise TypeError(f"@tab.batch needs a function, got {python_function!r}")
+    if not inspect.isfunction(inspect.unwrap(python_function)):
+      raise TypeError(
+          "@tab.batch needs a Python function defined with `def` (its "
+          f"source is what gets batched), got {python_function!r}; instead "
+          "of a functools.partial or a callable object, batch a `def` that "
+          "does the work, with the shared values captured by closure")
     if backend is not None:
       backends.check_name(backend)
     if int(max_stack_depth) < 1:
@@ -54,6 +58,20 @@ class BatchedFunction:
 
   def __repr__(self):
     return f"<tab.batch {self.python_function.__qualname__}>"
+
+  def __get__(self, instance, owner=None):
+    """Looked up on an instance, a batched function is a method, which
+    cannot be batched (its `self` would be one more batch argument)."""
+    if instance is None:
+      return self
+    def method_called(*args, **kwargs):
+      del args, kwargs
+      raise TypeError(
+          f"{self!r} is a method: @tab.batch batches plain functions, "
+          "whose every argument is a batch. Define it outside the class, "
+          "and pass what it needs from `self` as batch arguments or "
+          "capture it by closure (e.g. a function built in __init__)")
+    return method_called
 
   @functools.cached_property
   def param_names(self):
