@@ -276,9 +276,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         return logp[0], flat_g[0]
       return logp, flat_g
 
-    program = tree.make_program(
-        logp_and_grad, self.max_tree_depth, self.unrolled_leapfrog_steps,
-        self.num_trajectories_per_step, self.max_energy_diff)
+    program = tree.make_program(logp_and_grad, *self._tree_settings())
     self._programs[layout] = (program, logp_and_grad)
     return self._programs[layout]
 
@@ -397,9 +395,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     (nuts_steps, _, _, _), _ = self._program(layout)
     return nuts_steps
 
-  def _ran_key(self, layout):
-    return (layout, self.max_tree_depth, self.unrolled_leapfrog_steps,
+  def _tree_settings(self):
+    """The settings `tree.make_program` builds the NUTS program with, in
+    its argument order."""
+    return (self.max_tree_depth, self.unrolled_leapfrog_steps,
             self.num_trajectories_per_step, self.max_energy_diff)
+
+  def _ran_key(self, layout):
+    """What tells the program a copy ran apart: the state layout and the
+    settings the program was built with."""
+    return (layout,) + self._tree_settings()
 
   def _one_step(self, current_state, previous_kernel_results, seed):
     parts, is_list = _as_parts(current_state)

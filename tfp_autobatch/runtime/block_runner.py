@@ -27,6 +27,12 @@ from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
 
 
+def _is(cond_value, when):
+  """Where a condition register holds `when` (per member). Written `==`,
+  not `tf.logical_not` for a False `when`: see `pyops.logical_not`."""
+  return tf.equal(tf.cast(cond_value, tf.bool), when)
+
+
 def _row_sources(mask):
   """Per row, the row to read its inputs from: itself where `mask`, else
   the first row of `mask` (the appended 1 keeps argmax defined for an
@@ -216,8 +222,7 @@ class BlockRunner:
     for op in block.ops:
       match op:
         case ir2.Guarded(cond, when, inner):
-          # `== when`, not `tf.logical_not`: see `pyops.logical_not`.
-          guard = tf.equal(tf.cast(read(cond), tf.bool), when)
+          guard = _is(read(cond), when)
           run_op(inner, guard)
         case _:
           run_op(op, None)
@@ -267,8 +272,7 @@ class BlockRunner:
         state["pc_sp"] = sp
         state["pc_top"] = tf.where(active, back, pc_top)
       case ir2.ReturnOr(cond, when, otherwise):
-        # `== when`, not `~`: see `pyops.logical_not`.
-        returning = active & tf.equal(tf.cast(read(cond), tf.bool), when)
+        returning = active & _is(read(cond), when)
         # The two sets of members touch disjoint rows of the pc state.
         self._terminate(otherwise, state, pc_stack, writes,
                         active & ~returning, read)
