@@ -6,7 +6,10 @@ setuptools.setup(
     version="0.1.0",
     description=("Program-counter autobatching of recursive, control-heavy "
                  "TensorFlow programs, and a batched recursive NUTS kernel."),
-    packages=setuptools.find_packages(include=["tfp_autobatch*", "nuts*", "benchmarks*"]),
+    # `benchmarks` is not installed: it runs from a checkout
+    # (`python -m benchmarks.nuts` in the repository root), and a top-level
+    # package of that name in site-packages could shadow a user's own.
+    packages=setuptools.find_packages(include=["tfp_autobatch*", "nuts*"]),
     python_requires=">=3.10",
     install_requires=[
         # `tensorflow`, not `tensorflow-cpu`: tf-keras requires `tensorflow`,

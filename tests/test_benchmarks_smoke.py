@@ -135,3 +135,12 @@ def test_timed_runs_are_interleaved_across_systems(monkeypatch):
   assert [(r["system"], r["batch_size"], r["timed_runs"]) for r in records] \
       == [(s, n, 3) for n in (2, 3) for s in systems]
   assert all(r["correct"] for r in records)
+
+
+def test_benchmarks_are_not_installed_as_a_package():
+  # They run from a checkout; a top-level `benchmarks` in site-packages
+  # could shadow a user's own package of that name.
+  import importlib.metadata
+  top_level = importlib.metadata.distribution("tfp_autobatch").read_text(
+      "top_level.txt")
+  assert sorted(top_level.split()) == ["nuts", "tfp_autobatch"]
