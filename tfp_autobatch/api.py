@@ -204,12 +204,13 @@ def _same_batch_size(fn, args):
   Sizes known at trace time are checked now. A leaf whose size is unknown
   (a `tf.function` input_signature of [None, ...]) is checked when the
   graph runs: against the known size with `tf.ensure_shape`, or against
-  the first leaf's by an assertion and a reshape to that size, which
-  fails where XLA drops the assertion (`jit_compile=True`). Either way a
-  mismatch is an error, never an answer, though not always this one:
-  TensorFlow's graph optimiser may let the VM start before the assertion
-  (pc:graph, a later argument shorter than the first), and an index error
-  from inside the VM comes first. The size is None if no leaf knows it."""
+  the first leaf's by assertions that every leaf, the first included,
+  waits for through a `tf.identity` (so the VM cannot start before them;
+  TensorFlow's graph optimiser drops a reshape it finds redundant, with
+  its control dependencies, so the reshape alone did not hold the VM
+  back), then a reshape to the first leaf's size, which fails where XLA
+  drops the assertions (`jit_compile=True`). Either way a mismatch is an
+  error, never an answer. The size is None if no leaf knows it."""
   leaves = tf.nest.flatten(args)
   known = {x.shape[0] for x in leaves} - {None}
   if len(known) > 1:
@@ -217,8 +218,6 @@ def _same_batch_size(fn, args):
                      f"{sorted(known)}")
   if all(x.shape[0] is not None for x in leaves):
     return args, int(known.pop())
-  message = (f"arguments of {fn!r} have different batch sizes (their "
-             "leading dimensions)")
   if known:
     size = int(known.pop())
     def checked(x):
@@ -226,15 +225,17 @@ def _same_batch_size(fn, args):
           x.shape[0] is None) else x
     return tf.nest.map_structure(checked, args), size
   first = tf.shape(leaves[0])[0]
-  def same_as_first(x):
-    check = tf.debugging.assert_equal(tf.shape(x)[0], first,
-                                      message=message)
-    with tf.control_dependencies([check]):
-      same = tf.reshape(x, tf.concat([[first], tf.shape(x)[1:]], 0))
+  message = (f"arguments of {fn!r} have different batch sizes (their "
+             "leading dimensions)")
+  checks = [tf.debugging.assert_equal(tf.shape(x)[0], first, message=message)
+            for x in leaves[1:]]
+  def after_checks(x):
+    with tf.control_dependencies(checks):
+      x = tf.identity(x)
+    same = tf.reshape(x, tf.concat([[first], tf.shape(x)[1:]], 0))
     same.set_shape(x.shape)
     return same
-  return tf.nest.map_structure(
-      lambda x: x if x is leaves[0] else same_as_first(x), args), None
+  return tf.nest.map_structure(after_checks, args), None
 
 
 class BatchedPrimitive:
