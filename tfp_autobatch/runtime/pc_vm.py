@@ -45,6 +45,7 @@ import functools
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir2
@@ -117,10 +118,15 @@ class PcVmRuntime:
     del batch_size   # taken from the tensors: it may be unknown at trace time
     if self.mode == "eager":
       result, overflow, counters = self._execute(args, eager=True)
-    elif tf.executing_eagerly():
-      result, overflow, counters = self._concrete_for(args)(*args)
     else:
-      result, overflow, counters = self.compiled_for(args)(*args)
+      eager = tf.executing_eagerly()
+      vm = self._concrete_for(args) if eager else self.compiled_for(args)
+      # (Eagerly only while a tape records: the wrapper costs an eager
+      # call about 0.15 ms.)
+      if (self.mode == "xla" and (not eager or record.could_possibly_record())
+          or not eager and pfor_conditions.in_xla_context()):
+        vm = functools.partial(self._without_gradient, vm)
+      result, overflow, counters = vm(*args)
     message = (f"stack depth exceeded: recursion went deeper than "
                f"max_stack_depth={self.depth}; raise max_stack_depth=... in "
                "@tab.batch(max_stack_depth=...)")
@@ -138,6 +144,36 @@ class PcVmRuntime:
                                 ["tfp_autobatch: " + message])
     with tf.control_dependencies([check]):
       return tf.nest.map_structure(tf.identity, result)
+
+  def _without_gradient(self, vm, *args):
+    """`vm(*args)`, for a VM compiled by XLA, which has no gradient (its
+    in-place stack writes have none, nor has XLA a while loop's): a
+    `GradientTape` that watches anything it reads gets a clear error when
+    asked for a gradient through it, and a forward call under a tape works
+    (without this, recording the call failed at once)."""
+    mode = "pc:xla" if self.mode == "xla" else (
+        "pc:graph inside tf.function(jit_compile=True)")
+    message = (f"tfp_autobatch: {mode} is not differentiable (XLA compiles "
+               "the VM's loop and its in-place writes, which have no "
+               "gradient); take gradients through backend='pc:graph' (in a "
+               "tf.function without jit_compile), 'pc:eager', 'local:eager' "
+               "or 'local:eager_xla'")
+
+    @tf.custom_gradient
+    def call(*flat_args):
+      def no_gradient(*unused_upstream, variables=None):
+        del variables
+        raise errors.AutobatchError(message)
+      inputs = tf.nest.pack_sequence_as(args, flat_args)
+      if not tf.executing_eagerly():
+        return vm(*inputs), no_gradient
+      # Eagerly, a call recorded by a tape builds its backward function at
+      # once, which fails; the custom gradient stands for it instead. (Not
+      # while tracing: it would stop the tapes of the traced code too.)
+      with record.stop_recording():
+        return vm(*inputs), no_gradient
+
+    return call(*tf.nest.flatten(args))
 
   def compiled_for(self, args):
     """The VM's `tf.function` for a batch like `args`.

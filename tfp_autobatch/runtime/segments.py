@@ -98,8 +98,15 @@ class Segment:
     reads, olds = args[:len(self.reads)], args[len(self.reads):]
     new = self._vectorized(tf.size(rows),
                            [batch_state.gather(r, rows) for r in reads])
-    # Padding rows repeat a real row, so duplicate scatters write equal values.
-    updated = tuple(batch_state.scatter(o, rows, v) for o, v in zip(olds, new))
+    # Padding rows repeat the first member (`_Frame.rows`), so their
+    # scatters write equal values again; their copies are cut from the
+    # gradient, which would otherwise reach that member once per copy.
+    padding = tf.logical_and(tf.equal(rows, rows[0]),
+                             tf.range(tf.size(rows)) > 0)
+    updated = tuple(
+        batch_state.scatter(o, rows, batch_state.where(
+            padding, tf.nest.map_structure(tf.stop_gradient, v), v))
+        for o, v in zip(olds, new))
     return updated, self._result_of(new)
 
   def _masked(self, active, rows, *args):

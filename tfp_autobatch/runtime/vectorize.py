@@ -73,15 +73,38 @@ def _per_example(op, out_types):
   return run
 
 
-def _pfor_in_graph(per_example, batched_args):
+def _warn_of_custom_gradients(ops, code):
+  """pfor vectorises an op by its own gradient, so a `@tf.custom_gradient`
+  (an op carrying a gradient override) in single-example code is lost from
+  the batched program's gradient: say so, naming the code."""
+  for op in ops:
+    try:
+      op.get_attr("_gradient_op_type")
+    except ValueError:
+      continue
+    logging.warning(
+        "tfp_autobatch: the code at %s:%d (`%s`) uses a custom gradient "
+        "(@tf.custom_gradient), which the batched program does not keep: "
+        "a gradient through it is the ordinary one of the ops it wraps. "
+        "To keep it, call it, written for the batch, from a "
+        "@tab.batched_primitive.",
+        code.filename, code.lineno, code.source)
+    return
+
+
+def _pfor_in_graph(per_example, batched_args, code):
   """`per_example` on every row, vectorised by pfor into the current graph
   (no loop fallback: raises ValueError on an op pfor cannot vectorise)."""
+  graph = tf.compat.v1.get_default_graph()
   def loop_fn(i):
     # One axis for every gather: a constant each cost the trace an op per
     # input of every primitive.
     axis = tf.constant(0)
-    return per_example(*tf.nest.map_structure(
+    first_op = len(graph.get_operations())
+    outs = per_example(*tf.nest.map_structure(
         lambda x: tf.gather(x, i, axis=axis), tuple(batched_args)))
+    _warn_of_custom_gradients(graph.get_operations()[first_op:], code)
+    return outs
   first = tf.nest.flatten(batched_args)[0]
   # A static size lets pfor take `tf.gather(x, i)` to be x itself.
   n = first.shape[0] if first.shape[0] is not None else tf.shape(first)[0]
@@ -97,7 +120,7 @@ def vectorized_map(per_example, batched_args, code):
   body = lambda args: per_example(*args)  # pylint: disable=unnecessary-lambda-assignment
   try:
     if _pfor_impl is not None and not tf.executing_eagerly():
-      return _pfor_in_graph(per_example, batched_args)
+      return _pfor_in_graph(per_example, batched_args, code)
     return tf.vectorized_map(body, tuple(batched_args),
                              fallback_to_while_loop=False)
   except (ValueError, NotImplementedError, TypeError) as e:
