@@ -260,6 +260,23 @@ def test_a_python_list_argument_is_a_clear_error():
     fib([3, 7])
 
 
+def test_python_numbers_inside_a_structure_are_a_clear_error():
+  # A list inside a tuple used to be flattened into scalars: "got a scalar
+  # tensor".
+  @tab.batch
+  def first(pair):
+    return pair[0]
+  with pytest.raises(TypeError, match=r"Python number 3 inside a structure"):
+    first(([3, 7], np.array([1, 2])))
+
+
+def test_tf_function_of_a_partial_with_a_backend():
+  # tf.function reads the signature; `backend` was missing from it, so
+  # binding it in a functools.partial failed.
+  run = tf.function(functools.partial(fib, backend="pc:graph"))
+  np.testing.assert_array_equal(run(tf.constant([3, 7])), [2, 13])
+
+
 def test_unknown_rank_inside_tf_function_is_a_clear_error():
   @tf.function(input_signature=[tf.TensorSpec(None, tf.int32)])
   def g(x):

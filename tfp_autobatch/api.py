@@ -55,6 +55,13 @@ class BatchedFunction:
     self.last_stats_tensors = None
     self._last_types = None
     functools.update_wrapper(self, python_function)
+    # The call's signature: the function's batch parameters and `backend`
+    # (what `tf.function(functools.partial(f, backend=...))` binds).
+    signature = inspect.signature(python_function)
+    self.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(),
+        inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY,
+                          default=None)])
 
   def __repr__(self):
     return f"<tab.batch {self.python_function.__qualname__}>"
@@ -175,6 +182,14 @@ def _prepare(fn, args):
           f"argument {i} of {fn!r} is a Python list, which would be read as "
           "a structure of separate batches; pass the batch as an array or "
           "tensor (np.array([...])), or a tuple of batches")
+    numbers = [x for x in tf.nest.flatten(a)
+               if isinstance(x, (bool, int, float))]
+    if numbers:
+      raise TypeError(
+          f"argument {i} of {fn!r} holds the Python number {numbers[0]!r} "
+          "inside a structure (a list, or a number in a tuple or dict), "
+          "where every leaf must be a batch; pass each batch as an array or "
+          "tensor (np.array([...]))")
     composite = [x for x in tf.nest.flatten(a) if isinstance(
         x, (tf.RaggedTensor, tf.SparseTensor))]
     if composite:
