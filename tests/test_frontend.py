@@ -1,4 +1,5 @@
 """Frontend: Python source -> IR-1, on small inline functions."""
+import collections
 import dataclasses
 import textwrap
 
@@ -680,6 +681,76 @@ def test_an_integer_literal_takes_no_narrow_or_float_dtype(n, match):
   # stopped counting past 2**24 (a loop that never ended).
   with pytest.raises(tab.TypeInferenceError, match=match):
     _count_to(n)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, tf.bfloat16])
+def test_a_float_literal_takes_a_half_precision_dtype(dtype):
+  # Only integer literals keep 32 bits; `x * scale` was rejected with a
+  # message about integers.
+  @tab.batch
+  def scaled(x):
+    scale = 2.0
+    if x > 0:
+      scale = 3.0
+    return x * scale
+  out = scaled(tf.constant([1., -1.], dtype), backend="pc:graph")
+  assert out.dtype == dtype
+  np.testing.assert_allclose(tf.cast(out, tf.float32), [3., -2.])
+
+
+def test_a_literal_dividing_traces_past_zero():
+  # Literal-typed values trace as 0 first, and `1.0 / scale` raised
+  # ZeroDivisionError there: a valid program rejected.
+  @tab.batch
+  def inverse(x):
+    scale = 2.0
+    if x > 0:
+      scale = 4.0
+    k = 1
+    if x > 0:
+      k = 2
+    return x * (1.0 / scale) + tf.cast(1 // k, x.dtype)
+  np.testing.assert_allclose(
+      inverse(np.array([1., -1.], np.float32), backend="pc:graph"),
+      [0.25, 0.5])
+
+
+_Pair = collections.namedtuple("_Pair", "a b")
+_Other = collections.namedtuple("_Other", "a b")
+
+
+def _tuple_or_list(x):
+  if x > 0:
+    r = (x, x)
+  else:
+    r = [x, x]
+  return r
+
+
+def _tuple_or_namedtuple(x):
+  if x > 0:
+    r = (x, x)
+  else:
+    r = _Pair(x, x)
+  return r
+
+
+def _two_namedtuples(x):
+  if x > 0:
+    r = _Other(x, x)
+  else:
+    r = _Pair(x, x)
+  return r
+
+
+@pytest.mark.parametrize("fn", [_tuple_or_list, _tuple_or_namedtuple,
+                                _two_namedtuples])
+def test_containers_differing_by_path_are_a_type_error(fn):
+  # A tuple and a list, or two namedtuple types, passed the structure
+  # check and failed later with a bare TypeError from tf.nest.
+  with pytest.raises(tab.TypeInferenceError,
+                     match="'r'.*two different structures.*same container"):
+    tab.batch(fn)(np.array([1., -1.], np.float32), backend="pc:graph")
 
 
 def test_a_literal_inside_a_tuple_takes_the_dtype_it_is_compared_with():

@@ -94,11 +94,15 @@ def join(a, b, what="a variable"):
   if b is None:
     return a
   try:
-    tf.nest.assert_same_structure(a, b, check_types=False)
+    # With the containers' types: a tuple is not a list, nor a namedtuple
+    # another one (map_structure below would raise a bare TypeError).
+    tf.nest.assert_same_structure(a, b)
   except (ValueError, TypeError):
     raise errors.TypeInferenceError(
         f"{what} gets two different structures on different paths: "
-        f"{format_type(a)} and {format_type(b)}.") from None
+        f"{format_type(a)} and {format_type(b)}; build the same container "
+        "(tuple, list, dict or namedtuple type) of the same length on every "
+        "path.") from None
   return tf.nest.map_structure(lambda x, y: _join_leaf(x, y, what), a, b)
 
 
@@ -110,8 +114,13 @@ def format_type(t):
   if isinstance(t, tuple) and hasattr(t, "_fields"):
     inner = ", ".join(f"{k}={format_type(v)}" for k, v in zip(t._fields, t))
     return f"{type(t).__name__}({inner})"
-  if isinstance(t, (tuple, list)):
+  if isinstance(t, list):
+    return "[" + ", ".join(format_type(x) for x in t) + "]"
+  if isinstance(t, tuple):
     return "(" + ", ".join(format_type(x) for x in t) + ")"
+  if isinstance(t, dict):
+    return "{" + ", ".join(f"{k!r}: {format_type(v)}"
+                           for k, v in t.items()) + "}"
   return str(t)
 
 

@@ -138,12 +138,12 @@ def _choices(candidates, num_weak):
 
 def _candidates(in_types):
   """The dtypes a literal among `in_types` may take: those of the strong
-  leaves, integers first, none under 32 bits (an int8 counter would wrap
-  where Python's would not)."""
+  leaves, integers first, no integer under 32 bits (an int8 counter would
+  wrap where Python's would not; a float literal may take float16)."""
   return sorted(
       {leaf.dtype for t in in_types for leaf in tf.nest.flatten(t)
-       if not leaf.weak and (leaf.dtype.is_integer or leaf.dtype.is_floating)
-       and leaf.dtype.size >= 4},
+       if not leaf.weak and (leaf.dtype.is_floating or (
+           leaf.dtype.is_integer and leaf.dtype.size >= 4))},
       key=lambda d: (not d.is_integer, d.name))
 
 
@@ -221,14 +221,20 @@ def _sweep_function(program, fn, env):
           raise errors.IRError(f"unknown IR-1 op {op!r}")
 
 
-def _abstract_arg(t, batched):
-  """A TensorSpec for tracing; a weak type traces as its Python literal,
-  except an int64 one (a literal past int32's range, which TensorFlow
-  types int64): a Python 0 would type what it computes int32, and the
-  value would wrap."""
+def _abstract_arg(t, batched, literal=0):
+  """A TensorSpec for tracing; a weak type traces as a Python literal
+  (`literal` of its dtype), except an int64 one (a literal past int32's
+  range, which TensorFlow types int64): a Python 0 would type what it
+  computes int32, and the value would wrap."""
   if t.weak and not batched and t.dtype != tf.int64:
-    return t.dtype.as_numpy_dtype(0).item()
+    return t.dtype.as_numpy_dtype(literal).item()
   return t.spec((None,) if batched else ())
+
+
+# The values literal-typed inputs trace as, in turn, while the code raises
+# an ArithmeticError on them (`1.0 / scale` after `scale = 2.0` or `4.0`
+# divides by zero at 0; `1 / (k - 1)` at 1).
+_LITERAL_VALUES = (0, 1, 2)
 
 
 _EVAL_CACHE = {}
@@ -254,31 +260,42 @@ def _trace_types(op, in_types):
                   for v in outs])
     return 0
 
-  args = [tf.nest.map_structure(lambda t: _abstract_arg(t, op.batched), t)
-          for t in in_types]
-  try:
-    tf.function(trace, autograph=False).get_concrete_function(*args)
-  except errors.AutobatchError:
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    shown = ", ".join(f"{v}: {types_lib.format_type(t)}"
-                      for v, t in zip(op.ins, in_types))
-    hint = ""
-    if isinstance(e, TypeError) and "list indices" in str(e):
-      hint = (". A Python list cannot be indexed by a per-example value: "
-              "stack it (`tf.stack(values)`) and index with `tf.gather`")
-    if isinstance(e, tf.errors.OperatorNotAllowedInGraphError):
-      hint = (". (Not a matter of eager execution or tf.function here: "
-              "Python's `if`, `while`, `min`/`max`, `in` and `bool()` of a "
-              "per-example value work in a @tab.batch function's own body, "
-              "which tfp_autobatch converts, but not inside a plain helper "
-              "or lambda it calls: move them into the body, or use tf.where, "
-              "tf.minimum and tf.maximum there)")
-    raise errors.TypeInferenceError(
-        f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
-        f"fails on inputs of types ({shown}): {type(e).__name__}: {e}{hint}"
-    ) from e
-  return found[0]
+  for literal in _LITERAL_VALUES:
+    args = [tf.nest.map_structure(
+        lambda t, v=literal: _abstract_arg(t, op.batched, v), t)
+            for t in in_types]
+    try:
+      tf.function(trace, autograph=False).get_concrete_function(*args)
+      return found[0]
+    except errors.AutobatchError:
+      raise
+    except ArithmeticError as e:
+      if literal != _LITERAL_VALUES[-1]:
+        continue
+      _raise_fails_on(op, in_types, e)
+    except Exception as e:  # pylint: disable=broad-except
+      _raise_fails_on(op, in_types, e)
+
+
+def _raise_fails_on(op, in_types, e):
+  """A TypeInferenceError: the code fails on inputs of `in_types`."""
+  shown = ", ".join(f"{v}: {types_lib.format_type(t)}"
+                    for v, t in zip(op.ins, in_types))
+  hint = ""
+  if isinstance(e, TypeError) and "list indices" in str(e):
+    hint = (". A Python list cannot be indexed by a per-example value: "
+            "stack it (`tf.stack(values)`) and index with `tf.gather`")
+  if isinstance(e, tf.errors.OperatorNotAllowedInGraphError):
+    hint = (". (Not a matter of eager execution or tf.function here: "
+            "Python's `if`, `while`, `min`/`max`, `in` and `bool()` of a "
+            "per-example value work in a @tab.batch function's own body, "
+            "which tfp_autobatch converts, but not inside a plain helper "
+            "or lambda it calls: move them into the body, or use tf.where, "
+            "tf.minimum and tf.maximum there)")
+  raise errors.TypeInferenceError(
+      f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
+      f"fails on inputs of types ({shown}): {type(e).__name__}: {e}{hint}"
+  ) from e
 
 
 def _check_keeps_the_batch(op, outs):
