@@ -1,6 +1,7 @@
 """The public API: decorators, backends, errors, statistics."""
 import collections
 import functools
+import threading
 
 import numpy as np
 import pytest
@@ -429,3 +430,67 @@ def test_only_def_functions_can_be_batched():
     Model().doubled(np.array([1., 2.]))
   # Looked up on the class it is the batched function itself.
   assert isinstance(Model.doubled, tab.BatchedFunction)
+
+
+@tab.batch
+def _count_to(n):
+  i = 0
+  while i < n:
+    i += 1
+  return i
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:eager", "pc:graph"])
+def test_threads_each_read_their_own_stats(backend):
+  # One RunStats per runtime mixed two threads' counts (utilisation 1.9),
+  # and pc:eager's runs crossed each other's traced blocks and crashed.
+  batches = {"long": np.array([30, 30], np.int32),
+             "short": np.array([1], np.int32)}
+  _count_to(batches["short"], backend=backend)   # traced before the race
+  start = threading.Barrier(2)
+  seen = {}
+  def call(name):
+    start.wait()
+    result = _count_to(batches[name], backend=backend)
+    seen[name] = (result.numpy().tolist(), _count_to.last_stats)
+  threads = [threading.Thread(target=call, args=(name,)) for name in batches]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert seen["long"][0] == [30, 30] and seen["short"][0] == [1]
+  assert seen["long"][1].batch_size == 2
+  assert seen["short"][1].batch_size == 1
+  assert seen["short"][1].steps == 3
+  assert seen["long"][1].active_members == 64
+
+
+def _count_down(n):
+  if n <= 0:
+    return n
+  return _count_down_batched(n - 1)
+
+
+_count_down_batched = tab.batch(_count_down)
+
+
+def test_stats_after_a_failed_call_are_none():
+  # They used to be the previous successful call's.
+  shallow = _count_down_batched
+  shallow.max_stack_depth = 3
+  shallow(np.array([1]), backend="local:eager")
+  assert shallow.last_stats is not None
+  with pytest.raises(tab.StackOverflowError):
+    shallow(np.array([10]), backend="local:eager")
+  assert shallow.last_stats is None
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
+def test_a_changed_max_stack_depth_is_honoured(backend):
+  # Runtimes were cached without it: a backend already used kept the old
+  # bound.
+  f = _count_down_batched
+  f.max_stack_depth = 4
+  f(np.array([2]), backend=backend)
+  f.max_stack_depth = 20
+  np.testing.assert_array_equal(f(np.array([10]), backend=backend), [0])

@@ -11,6 +11,7 @@ from tfp_autobatch import errors
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import reference
+from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import vectorize
 
 DEFAULT_MAX_STACK_DEPTH = 64
@@ -30,11 +31,13 @@ class BatchedFunction:
   Attributes:
     max_stack_depth: the recursion bound of a call (see `tab.batch`).
     backend: the backend given to `tab.batch`, or None for the default.
-    last_stats: the `tab.RunStats` of the last eager call (None after a
-      call traced inside `tf.function`).
-    last_stats_tensors: the same counts as tensors of the last call, also
-      a traced one (the pc backends; None on the local ones).
+    last_stats: the `tab.RunStats` of this thread's last eager call (None
+      after a call traced inside `tf.function`, or one that raised).
+    last_stats_tensors: the same counts as tensors of this thread's last
+      call, also a traced one (the pc backends; None on the local ones).
   """
+  last_stats = stats_lib.PerThread()
+  last_stats_tensors = stats_lib.PerThread()
 
   def __init__(self, python_function, max_stack_depth=DEFAULT_MAX_STACK_DEPTH,
                backend=None):
@@ -51,8 +54,6 @@ class BatchedFunction:
     self.python_function = python_function
     self.max_stack_depth = int(max_stack_depth)
     self.backend = backend
-    self.last_stats = None
-    self.last_stats_tensors = None
     self._last_types = None
     functools.update_wrapper(self, python_function)
     # The call's signature: the function's batch parameters and `backend`
@@ -114,6 +115,7 @@ class BatchedFunction:
           "cannot run inside tf.function; use 'pc:graph' or 'pc:xla' there")
     runtime = pipeline.runtime(self, arg_types, name)
     self._last_types = arg_types
+    self.last_stats = self.last_stats_tensors = None   # if the run raises
     result = runtime.run(args, batch_size)
     self.last_stats = runtime.stats
     self.last_stats_tensors = getattr(runtime, "stats_tensors", None)

@@ -30,7 +30,7 @@ from tfp_autobatch.passes import stack_optimize
 
 _PROGRAMS = {}     # entry BatchedFunction -> untyped IR-1 program
 _TYPED = {}        # (entry, arg types) -> typed IR-1 program
-_RUNTIMES = {}     # (entry, arg types, backend) -> runtime
+_RUNTIMES = {}     # (entry, arg types, backend, max_stack_depth) -> runtime
 _STACK = {}        # id(typed IR-1 program) -> (that program, IR-2 program)
 
 
@@ -130,7 +130,8 @@ def stack_program(entry, arg_types):
 
 def runtime(entry, arg_types, backend):
   from tfp_autobatch import backends
-  key = (entry, types_lib.hashable(tuple(arg_types)), backend)
+  key = (entry, types_lib.hashable(tuple(arg_types)), backend,
+         entry.max_stack_depth)
   if key not in _RUNTIMES:
     _RUNTIMES[key] = backends.make_runtime(
         backend, typed_program(entry, arg_types), entry.max_stack_depth)

@@ -45,6 +45,8 @@ class LocalStaticRuntime:
     bucket: pad subsets to powers of two so XLA compiles few shapes.
   """
 
+  stats = stats_lib.PerThread()   # of this thread's last run
+
   def __init__(self, program, kernels, max_stack_depth, strategy="gather",
                bucket=False):
     if strategy not in ("gather", "mask"):
@@ -54,7 +56,6 @@ class LocalStaticRuntime:
     self.max_stack_depth = max_stack_depth
     self.strategy = strategy
     self.bucket = bucket
-    self.stats = None
     self._blocks = {}   # (function, label) -> compiled parts
 
   def run(self, args, batch_size):

@@ -42,6 +42,7 @@ fails the graph; under the user's XLA, which drops asserts, the poisoned rows
 are what remains.
 """
 import functools
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -58,6 +59,7 @@ from tfp_autobatch.runtime import register_file
 from tfp_autobatch.runtime import run_counters
 from tfp_autobatch.runtime import schedule as schedule_lib
 from tfp_autobatch.runtime import stack_banks
+from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import variable_store
 from tfp_autobatch.runtime import vectorize
 
@@ -90,6 +92,10 @@ class PcVmRuntime:
       `schedule`).
   """
 
+  # Of this thread's last run: RunStats eagerly, the counts as tensors traced.
+  stats = stats_lib.PerThread()
+  stats_tensors = stats_lib.PerThread()
+
   def __init__(self, program, max_stack_depth, mode="graph",
                schedule="lowest_pc"):
     if mode not in ("eager", "graph", "xla"):
@@ -100,9 +106,8 @@ class PcVmRuntime:
     self.schedule = schedule_lib.Schedule(program, schedule)
     self.kernels = vectorize.KernelCache(jit_compile=False,
                                          inside_xla=mode == "xla")
-    self.stats = None
-    self.stats_tensors = None
     self.trace_count = 0
+    self._eager_lock = threading.Lock()
     self._labels = [b.label for b in program.blocks]
     self._store = variable_store.VariableStore(
         program.stacked, program.cached_top, self.depth)
@@ -117,7 +122,10 @@ class PcVmRuntime:
   def run(self, args, batch_size):
     del batch_size   # taken from the tensors: it may be unknown at trace time
     if self.mode == "eager":
-      result, overflow, counters = self._execute(args, eager=True)
+      # One run at a time: the eager VM's blocks and stack banks are traced
+      # for the run's batch size, and two threads' runs crossed them.
+      with self._eager_lock:
+        result, overflow, counters = self._execute(args, eager=True)
     else:
       eager = tf.executing_eagerly()
       vm = self._concrete_for(args) if eager else self.compiled_for(args)

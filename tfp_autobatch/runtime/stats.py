@@ -1,5 +1,29 @@
 """Statistics of one batched run."""
 import dataclasses
+import threading
+
+
+class PerThread:
+  """An attribute with a value per thread (None until set in that thread).
+
+  A batched function and its runtimes are shared by the threads that call
+  it; each thread reads the statistics of its own last run (one value for
+  all mixed the counts of runs in two threads)."""
+
+  def __set_name__(self, owner, name):
+    self.name = name
+
+  def __get__(self, obj, owner=None):
+    if obj is None:
+      return self
+    return getattr(self._values(obj), self.name, None)
+
+  def __set__(self, obj, value):
+    setattr(self._values(obj), self.name, value)
+
+  @staticmethod
+  def _values(obj):
+    return obj.__dict__.setdefault("_per_thread_values", threading.local())
 
 
 @dataclasses.dataclass
