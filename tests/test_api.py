@@ -494,3 +494,29 @@ def test_a_changed_max_stack_depth_is_honoured(backend):
   f(np.array([2]), backend=backend)
   f.max_stack_depth = 20
   np.testing.assert_array_equal(f(np.array([10]), backend=backend), [0])
+
+
+def test_a_dropped_batched_function_is_freed():
+  # Module-level caches kept every batched function ever called, with its
+  # traces (about 6 MB each): a factory of closures grew without bound.
+  import gc
+  import weakref
+
+  def make(k):
+    @tab.batch
+    def shifted(x):
+      if x > k:
+        return x
+      return shifted(x + k)
+    return shifted
+
+  refs = []
+  for k in (1, 2):
+    fn = make(k)
+    for backend in ("local:eager", "pc:graph"):
+      np.testing.assert_array_equal(fn(np.array([1, 5]), backend=backend),
+                                    [1 + k, 5])
+    refs.append(weakref.ref(fn))
+    del fn
+  gc.collect()
+  assert [r() for r in refs] == [None, None]

@@ -28,10 +28,19 @@ from tfp_autobatch.passes import redundant_copies
 from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
 
-_PROGRAMS = {}     # entry BatchedFunction -> untyped IR-1 program
-_TYPED = {}        # (entry, arg types) -> typed IR-1 program
-_RUNTIMES = {}     # (entry, arg types, backend, max_stack_depth) -> runtime
-_STACK = {}        # id(typed IR-1 program) -> (that program, IR-2 program)
+
+
+def _cache(entry):
+  """The entry function's cache of what the pipeline made of it:
+
+    "program"                                  -> untyped IR-1 program
+    ("typed", arg types)                       -> typed IR-1 program
+    ("runtime", arg types, backend, max_stack_depth) -> runtime
+
+  Kept on the function, not in a module-level dict, so that a batched
+  function made and dropped (one per NUTS kernel, or per closure from a
+  factory) is freed with all it compiled (about 6 MB of traces each)."""
+  return entry.__dict__.setdefault("_pipeline_cache", {})
 
 
 def _checked(program, after):
@@ -42,7 +51,8 @@ def _checked(program, after):
 
 def convert_program(entry):
   """IR-1 for `entry` and every batched function it calls, entry first."""
-  if entry not in _PROGRAMS:
+  cache = _cache(entry)
+  if "program" not in cache:
     names, queue, taken = {}, [], set()
 
     def name_of(bf):
@@ -65,20 +75,21 @@ def convert_program(entry):
       functions.append(convert.FunctionConverter(
           bf.python_function, names[bf], name_of).convert())
     program = _checked(ir1.Program(tuple(functions)), "convert")
-    _PROGRAMS[entry] = definite_assignment.check_definitely_assigned(program)
-  return _PROGRAMS[entry]
+    cache["program"] = definite_assignment.check_definitely_assigned(program)
+  return cache["program"]
 
 
 def typed_program(entry, arg_types):
-  key = (entry, types_lib.hashable(tuple(arg_types)))
-  if key not in _TYPED:
+  cache = _cache(entry)
+  key = ("typed", types_lib.hashable(tuple(arg_types)))
+  if key not in cache:
     program = convert_program(entry)
     program = _checked(infer_types.infer_types(program, arg_types),
                        "infer_types")
     program = _checked(inline.inline(program), "inline")
-    _TYPED[key] = _checked(tail_duplicate.tail_duplicate(program),
-                           "tail_duplicate")
-  return _TYPED[key]
+    cache[key] = _checked(tail_duplicate.tail_duplicate(program),
+                          "tail_duplicate")
+  return cache[key]
 
 
 def _ir2_check(program, after):
@@ -111,10 +122,10 @@ def _lowered(typed, before=None):
 
 
 def stack_program_of(typed):
-  """The optimised IR-2 program of a typed IR-1 program (cached)."""
-  if id(typed) not in _STACK or _STACK[id(typed)][0] is not typed:
-    _STACK[id(typed)] = (typed, _lowered(typed))
-  return _STACK[id(typed)][1]
+  """The optimised IR-2 program of a typed IR-1 program (cached on it)."""
+  if "ir2" not in typed.derived:
+    typed.derived["ir2"] = _lowered(typed)
+  return typed.derived["ir2"]
 
 
 def stack_program_before(typed, pass_name):
@@ -130,9 +141,10 @@ def stack_program(entry, arg_types):
 
 def runtime(entry, arg_types, backend):
   from tfp_autobatch import backends
-  key = (entry, types_lib.hashable(tuple(arg_types)), backend,
+  cache = _cache(entry)
+  key = ("runtime", types_lib.hashable(tuple(arg_types)), backend,
          entry.max_stack_depth)
-  if key not in _RUNTIMES:
-    _RUNTIMES[key] = backends.make_runtime(
+  if key not in cache:
+    cache[key] = backends.make_runtime(
         backend, typed_program(entry, arg_types), entry.max_stack_depth)
-  return _RUNTIMES[key]
+  return cache[key]

@@ -103,6 +103,11 @@ class Function:
 class Program:
   functions: tuple
   types: Optional[dict] = None
+  # What the pipeline derives from this program (its IR-2), cached with
+  # it; not an argument, so `dataclasses.replace` starts a new program's
+  # empty.
+  derived: dict = dataclasses.field(default_factory=dict, init=False,
+                                    repr=False, compare=False)
 
   @property
   def entry(self):

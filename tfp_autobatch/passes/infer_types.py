@@ -8,6 +8,7 @@ converges because a call whose callee result is not known yet contributes
 nothing until the base case has been typed.
 """
 import itertools
+import weakref
 
 import tensorflow as tf
 
@@ -237,15 +238,18 @@ def _abstract_arg(t, batched, literal=0):
 _LITERAL_VALUES = (0, 1, 2)
 
 
-_EVAL_CACHE = {}
+# Code -> {(batched, input types): output types}; weak, so that the code of
+# a batched function that is dropped is freed with it.
+_EVAL_CACHE = weakref.WeakKeyDictionary()
 
 
 def abstract_eval(op, in_types):
   """The per-example output types of a Primitive on inputs of `in_types`."""
-  key = (op.code, op.batched, types_lib.hashable(tuple(in_types)))
-  if key not in _EVAL_CACHE:
-    _EVAL_CACHE[key] = _trace_types(op, in_types)
-  return _EVAL_CACHE[key]
+  cache = _EVAL_CACHE.setdefault(op.code, {})
+  key = (op.batched, types_lib.hashable(tuple(in_types)))
+  if key not in cache:
+    cache[key] = _trace_types(op, in_types)
+  return cache[key]
 
 
 def _trace_types(op, in_types):
