@@ -520,3 +520,43 @@ def test_a_dropped_batched_function_is_freed():
     del fn
   gc.collect()
   assert [r() for r in refs] == [None, None]
+
+
+_SCALE = np.array([1., 1.], np.float32)
+
+
+@tab.batch
+def _scaled(x):
+  return x * tf.reduce_sum(_SCALE)
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_globals_and_arrays_are_read_once_at_conversion(backend):
+  # The converted code read the live module: after a global was rebound,
+  # the answer depended on the backend and on whether it traced again for
+  # a batch size, and an array of another shape crashed inside TF.
+  global _SCALE
+  saved = _SCALE.copy()
+  try:
+    np.testing.assert_allclose(_scaled(np.array([1., 2.], np.float32),
+                                       backend=backend), [2., 4.])
+    _SCALE[:] = 5.          # in place
+    _SCALE = np.ones([3], np.float32) * 7.   # rebound, another shape
+    for x in (np.array([1., 2.], np.float32),
+              np.array([1., 2., 3.], np.float32)):   # a new batch size too
+      np.testing.assert_allclose(_scaled(x, backend=backend), 2. * x)
+  finally:
+    _SCALE = saved
+
+
+def test_a_variable_is_read_afresh():
+  scale = tf.Variable(1.)
+  @tab.batch
+  def scaled(x):
+    return x * scale
+  x = np.array([1., 2.], np.float32)
+  for backend in ("local:eager", "pc:graph"):
+    scale.assign(1.)
+    np.testing.assert_allclose(scaled(x, backend=backend), x)
+    scale.assign(3.)
+    np.testing.assert_allclose(scaled(x, backend=backend), 3. * x)

@@ -9,6 +9,8 @@ import ast
 import inspect
 import textwrap
 
+import numpy as np
+
 from tfp_autobatch import errors
 
 
@@ -48,3 +50,26 @@ def closure_values(py_fn):
     except ValueError:
       pass
   return values
+
+
+def _frozen(value):
+  """A NumPy array's copy (its later in-place changes are not seen);
+  anything else as it is (a `tf.Variable` stays the variable)."""
+  return value.copy() if isinstance(value, np.ndarray) else value
+
+
+def frozen_scope(py_fn, node):
+  """`(closure values, globals)` the converted code reads, as they are now.
+
+  The batched function's code is traced again later (per input signature,
+  per backend, and per batch size on some), and the types inferred now are
+  kept: reading the live module and cells then would give a value rebound
+  or resized since, on some backends and not others. So the globals are a
+  copy of the module's, and the NumPy arrays the function names (in its
+  globals or closure) are copies too."""
+  names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+  closure = {k: _frozen(v) for k, v in closure_values(py_fn).items()}
+  scope = dict(py_fn.__globals__)
+  for name in names & scope.keys():
+    scope[name] = _frozen(scope[name])
+  return closure, scope

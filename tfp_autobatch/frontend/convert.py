@@ -75,7 +75,7 @@ class FunctionConverter:
     self.ir_name = ir_name
     self.callee_name = callee_name
     self.node, self.filename = _source.parse_function(py_fn)
-    self.closure = _source.closure_values(py_fn)
+    self.closure, self.scope = _source.frozen_scope(py_fn, self.node)
     self.blocks = []
     self.label = None
     self.ops = []
@@ -99,7 +99,7 @@ class FunctionConverter:
     if isinstance(node, ast.Name):
       if node.id in self.locals:
         return None
-      for scope in (self.closure, self.py_fn.__globals__, vars(builtins)):
+      for scope in (self.closure, self.scope, vars(builtins)):
         if node.id in scope:
           return scope[node.id]
       return None
@@ -187,7 +187,7 @@ class FunctionConverter:
         node.lineno = stmts[0].lineno
     namespace = {}
     exec(compile(module, self.filename, "exec"),   # pylint: disable=exec-used
-         self.py_fn.__globals__, namespace)
+         self.scope, namespace)
     fn = namespace["__tab_make"](pyops, *[self.closure[v] for v in free])
     source = "; ".join(ast.unparse(s) for s in stmts)
     return ir1.Code(fn, source, self.filename, stmts[0].lineno, read_lines)
