@@ -15,7 +15,10 @@ with gradients from `tf.GradientTape`.
 Limitation: the chains are flattened to one batch dimension and the target is
 called on subsets of them, so `target_log_prob_fn` must treat every chain
 alike (broadcast over the leading dimensions), as almost every target does;
-a target whose parameters differ per chain is not supported.
+a target whose parameters differ per chain is not supported (so neither is
+`tfp.mcmc.ReplicaExchangeMC`, whose tempered targets have a temperature per
+replica): `bootstrap_results` calls the target on one chain and says so,
+and the batched program checks every call's rows.
 """
 import collections
 import numbers
@@ -254,6 +257,33 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             "state part must enter the log density")
     return logp, grads
 
+  def _check_chains_alike(self, parts, is_list, chain_rank):
+    """Raises if the target, given one chain, does not return one value:
+    it has parameters per chain (ReplicaExchangeMC's per-replica
+    temperatures, a parameter with a chain dimension), which the batched
+    program, calling it on the chains still running, would hand to the
+    wrong chains. Eagerly or when the shapes say so a ValueError, else a
+    graph assertion (none under XLA; the batched primitive's row check
+    stops XLA from compiling it then)."""
+    if not chain_rank:
+      return
+    one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
+           for p in parts]
+    logp_one = self._call_target(one, is_list)
+    message = (
+        "target_log_prob_fn must treat the chains alike, each chain's log "
+        "density from its own state alone: this kernel calls it on the "
+        "chains still running, any number of them, and given one chain it "
+        "returned shape {} instead of [1]. A target with parameters per "
+        "chain (ReplicaExchangeMC's tempered targets, a parameter with a "
+        "chain dimension) needs tfp.mcmc.NoUTurnSampler")
+    if logp_one.shape.is_fully_defined():
+      if logp_one.shape != [1]:
+        raise ValueError(message.format(logp_one.shape.as_list()))
+      return
+    tf.debugging.assert_equal(tf.size(logp_one), 1,
+                              message=message.format("other"))
+
   def _program(self, layout):
     """The batched NUTS program for a state layout (built once, cached)."""
     if layout in self._programs:
@@ -327,6 +357,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     parts = [tf.identity(p) for p in parts]
     logp, grads = self._value_and_grads(parts, is_list)
     _check_log_density(logp, parts)
+    self._check_chains_alike(parts, is_list, logp.shape.rank)
     _check_finite_start(logp)
     step_size = self.step_size
     _check_step_size(step_size, parts, logp.shape.rank)

@@ -560,3 +560,29 @@ def test_a_variable_is_read_afresh():
     np.testing.assert_allclose(scaled(x, backend=backend), x)
     scale.assign(3.)
     np.testing.assert_allclose(scaled(x, backend=backend), 3. * x)
+
+
+_ROW_SCALES = tf.Variable([1., 2., 3.], shape=tf.TensorShape([None]))
+
+
+@tab.batched_primitive
+def _rows_of_its_own(x):
+  return tf.zeros_like(_ROW_SCALES) + tf.reduce_mean(x)
+
+
+@tab.batch
+def _calls_rows_of_its_own(x):
+  if x > 1.5:
+    return _rows_of_its_own(x)
+  return x
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_a_batched_primitive_returning_other_rows_is_an_error(backend):
+  # Its rows were handed to the members as they came (2.5 for both
+  # members, from a [3] result for 2 rows): an answer, no error.
+  # Where XLA drops the assertion, the reshape to the rows fails.
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="different number of rows|reshape"):
+    _calls_rows_of_its_own(np.array([1., 2., 3.], np.float32),
+                           backend=backend)

@@ -427,6 +427,24 @@ def test_a_log_density_nuts_cannot_use_is_a_clear_error():
     kernel.bootstrap_results([tf.constant(INIT), tf.constant(INIT)])
 
 
+def test_a_target_with_parameters_per_chain_is_a_clear_error():
+  # The batched program calls the target on the chains still running; one
+  # with a parameter per chain handed the wrong chains' log densities
+  # back, and the posterior was silently wrong (sd 1.47 where 3 was due).
+  scales = tf.constant([0.5, 1., 2., 3.], tf.float64)
+  per_chain = lambda x: tf.reduce_sum(-0.5 * (x / scales[:, None]) ** 2, -1)
+  kernel = nuts.NoUTurnSampler(per_chain, 0.1, backend=EAGER)
+  with pytest.raises(ValueError, match=r"treat the chains alike.*shape \[4\]"):
+    kernel.bootstrap_results(tf.constant(INIT))
+  # Shapes known only when the graph runs: an assertion.
+  unknown = tf.Variable(scales, shape=tf.TensorShape([None]))
+  per_chain = lambda x: tf.reduce_sum(-0.5 * (x / unknown[:, None]) ** 2, -1)
+  kernel = nuts.NoUTurnSampler(per_chain, 0.1, backend="pc:graph")
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="treat the chains alike"):
+    tf.function(lambda: kernel.bootstrap_results(tf.constant(INIT)))()
+
+
 def test_unknown_event_dimensions_when_traced_are_a_clear_error():
   kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.1, backend="pc:graph")
 

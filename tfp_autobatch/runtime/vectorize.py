@@ -159,6 +159,41 @@ def _computed_once(outs, ins):
   return tuple(once.get(id(v), v) for v in outs)
 
 
+def _with_rows(outs, n, code):
+  """A batched primitive's outputs, each checked to have the `n` rows it
+  was called on. One that does not (a model with a parameter per batch
+  row, which does not know which rows it was given) would have its rows
+  handed to the wrong members: an error instead, when traced if the
+  shapes say so, else a graph assertion, then a reshape to `n` rows,
+  which fails where XLA drops the assertion."""
+  message = (
+      f"the @tab.batched_primitive `{code.source}` ({code.filename}, line "
+      f"{code.lineno}) returned a different number of rows than it was "
+      "given: it must map over its leading dimension row by row, for any "
+      "number of rows (it is called on the members that reach it, such as "
+      "the NUTS chains still running), so nothing in it may have a size "
+      "per batch row (per-chain parameters)")
+  static_n = n if isinstance(n, int) else tf.get_static_value(n)
+  leaves = tf.nest.flatten(outs)
+  for y in leaves:
+    if (static_n is not None and y.shape.rank and y.shape[0] is not None
+        and y.shape[0] != static_n):
+      raise errors.AutobatchError(
+          f"{message}: {y.shape[0]} rows for {static_n}")
+  if tf.executing_eagerly() or all(
+      static_n is not None and y.shape[0] is not None for y in leaves):
+    return outs
+  checks = [tf.debugging.assert_equal(tf.shape(y)[0], n, message=message)
+            for y in leaves]
+  def checked(y):
+    with tf.control_dependencies(checks):
+      y = tf.identity(y)   # (Grappler may drop a reshape it finds redundant)
+    rows = tf.reshape(y, tf.concat([[n], tf.shape(y)[1:]], 0))
+    rows.set_shape(y.shape)
+    return rows
+  return tf.nest.map_structure(checked, outs)
+
+
 def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
   """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive.
 
@@ -169,9 +204,9 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
   hold pfor's partitioned conditionals (`pfor_conditions`)."""
   if op.batched:
     def run_batched(n, *ins):
-      del n
       outs = op.code.fn(*ins)
-      return tuple(conform(v, t) for v, t in zip(outs, out_types))
+      return _with_rows(tuple(conform(v, t) for v, t in zip(outs, out_types)),
+                        n, op.code)
     return run_batched
   per_example = _per_example(op, out_types)
   if not op.ins:
