@@ -586,3 +586,30 @@ def test_a_batched_primitive_returning_other_rows_is_an_error(backend):
                      match="different number of rows|reshape"):
     _calls_rows_of_its_own(np.array([1., 2., 3.], np.float32),
                            backend=backend)
+
+
+def test_run_functions_eagerly_warns_once():
+  # tf.vectorized_map, run eagerly, warned on every block run: 240 lines
+  # for three small calls.
+  import logging
+
+  class Count(logging.Handler):
+    def __init__(self):
+      super().__init__()
+      self.messages = []
+
+    def emit(self, record):
+      self.messages.append(record.getMessage())
+
+  count = Count()
+  tf.get_logger().addHandler(count)
+  tf.config.run_functions_eagerly(True)
+  try:
+    for backend in ("local:eager", "pc:graph"):
+      np.testing.assert_array_equal(
+          _count_to(np.array([3, 1], np.int32), backend=backend), [3, 1])
+  finally:
+    tf.config.run_functions_eagerly(False)
+    tf.get_logger().removeHandler(count)
+  warned = [m for m in count.messages if "tf.function behavior" in m]
+  assert len(warned) <= 1

@@ -111,6 +111,38 @@ def _pfor_in_graph(per_example, batched_args, code):
   return _pfor_impl(loop_fn, n, fallback_to_while_loop=False)
 
 
+class _OnceOnly(logging.Filter):
+  """Lets a log message that starts with `prefix` through once."""
+
+  def __init__(self, prefix):
+    super().__init__()
+    self.prefix = prefix
+    self.seen = False
+
+  def filter(self, record):
+    if not str(record.msg).startswith(self.prefix):
+      return True
+    seen, self.seen = self.seen, True
+    return not seen
+
+
+# `tf.vectorized_map` run eagerly (under `tf.config.run_functions_eagerly`)
+# warns on every call that it overrides that setting: once per block run,
+# 240 lines for three small calls. Said once while ours run.
+_EAGER_FUNCTIONS_WARNING = _OnceOnly("It looks like tf.function behavior was "
+                                     "disabled")
+
+
+def _eager_vectorized_map(body, batched_args, fallback_to_while_loop):
+  tf_logger = tf.get_logger()
+  tf_logger.addFilter(_EAGER_FUNCTIONS_WARNING)
+  try:
+    return tf.vectorized_map(body, tuple(batched_args),
+                             fallback_to_while_loop=fallback_to_while_loop)
+  finally:
+    tf_logger.removeFilter(_EAGER_FUNCTIONS_WARNING)
+
+
 def vectorized_map(per_example, batched_args, code):
   """`per_example(*args)` on every row of `batched_args`, with pfor.
 
@@ -121,8 +153,8 @@ def vectorized_map(per_example, batched_args, code):
   try:
     if _pfor_impl is not None and not tf.executing_eagerly():
       return _pfor_in_graph(per_example, batched_args, code)
-    return tf.vectorized_map(body, tuple(batched_args),
-                             fallback_to_while_loop=False)
+    return _eager_vectorized_map(body, batched_args,
+                                 fallback_to_while_loop=False)
   except (ValueError, NotImplementedError, TypeError) as e:
     if strict_vectorization():
       raise errors.AutobatchError(
@@ -131,8 +163,8 @@ def vectorized_map(per_example, batched_args, code):
     logging.warning("tfp_autobatch: the code at %s:%d (`%s`) falls back to a "
                     "sequential loop over the batch: %s", code.filename,
                     code.lineno, code.source, e)
-    return tf.vectorized_map(body, tuple(batched_args),
-                             fallback_to_while_loop=True)
+    return _eager_vectorized_map(body, batched_args,
+                                 fallback_to_while_loop=True)
 
 
 def _computed_once(outs, ins):
