@@ -267,7 +267,7 @@ def test_python_numbers_inside_a_structure_are_a_clear_error():
   @tab.batch
   def first(pair):
     return pair[0]
-  with pytest.raises(TypeError, match=r"Python number 3 inside a structure"):
+  with pytest.raises(TypeError, match=r"scalar 3 inside a structure"):
     first(([3, 7], np.array([1, 2])))
 
 

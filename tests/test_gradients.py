@@ -87,15 +87,38 @@ def test_no_gradient_through_xla_is_a_clear_error(where):
     wrap(lambda: gradients(backend))()
 
 
-def test_pc_xla_runs_forward_under_a_tape():
-  # A tape that watched a variable the VM reads used to make the forward
-  # call itself fail (eagerly, a recorded call builds its gradient at once).
+def test_no_gradient_through_xla_with_respect_to_a_variable_it_reads():
+  # Eagerly the gradient with respect to the variable the VM read came
+  # back None (the call was hidden from the tape), silently.
   with tf.GradientTape() as tape:
-    y = tree(tf.constant(X), DEPTH, backend="pc:xla")
-    loss = 2. * WEIGHT
+    total = tf.reduce_sum(tree(tf.constant(X), DEPTH, backend="pc:xla"))
+  with pytest.raises(tab.AutobatchError, match="not differentiable"):
+    tape.gradient(total, WEIGHT)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("where", ["eager", "tf.function"])
+def test_pc_xla_runs_forward_under_a_tape(where, persistent):
+  # A tape that watched a variable the VM reads used to make the forward
+  # call itself fail: a recorded call builds its backward function at
+  # once, also for a user's tf.function an eager tape records, and a
+  # persistent tape met the VM's trace too. A fresh function, so that its
+  # first call (the trace) is under the tape.
+  fresh = tab.batch(tree.python_function)
+  call = lambda x: fresh(x, DEPTH, backend="pc:xla")
+  if where == "tf.function":
+    call = tf.function(call)
+  with tf.GradientTape(persistent=persistent) as tape:
+    y = call(tf.constant(X))
+    loss = 2. * WEIGHT + tf.reduce_sum(y)
   np.testing.assert_allclose(
       y, tree(tf.constant(X), DEPTH, backend="pc:graph"), rtol=1e-12)
-  assert float(tape.gradient(loss, WEIGHT)) == 2.
+  # The gradient through the VM is still the error: in the user's graph,
+  # when its backward function runs (an assertion).
+  error = (tab.AutobatchError if where == "eager"
+           else tf.errors.InvalidArgumentError)
+  with pytest.raises(error, match="not differentiable"):
+    tape.gradient(loss, WEIGHT)
 
 
 @tf.custom_gradient
@@ -128,7 +151,11 @@ def test_a_custom_gradient_in_single_example_code_is_named(caplog):
     y = squared_custom(v, backend="pc:graph")
   np.testing.assert_allclose(tape.gradient(y, v), 2. * v)
   assert "custom gradient" in caplog.text
-  assert "squared_custom" in caplog.text or "test_gradients.py" in caplog.text
+  assert "test_gradients.py" in caplog.text
+  # Once, not at every trace (pc:xla traces for each batch size).
+  for n in (2, 5):
+    squared_custom(tf.ones([n]), backend="pc:xla")
+  assert caplog.text.count("custom gradient") == 1
   with tf.GradientTape() as tape:
     tape.watch(v)
     y = squared_custom_batched(v, backend="pc:graph")

@@ -58,14 +58,25 @@ class BatchedFunction:
     functools.update_wrapper(self, python_function)
     # The call's signature: the function's batch parameters and `backend`
     # (what `tf.function(functools.partial(f, backend=...))` binds).
+    # (Not for a parameter named `backend` or a `**kwargs`, which a
+    # keyword-only `backend` cannot join; the frontend rejects the second.)
     signature = inspect.signature(python_function)
-    self.__signature__ = signature.replace(parameters=[
-        *signature.parameters.values(),
-        inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY,
-                          default=None)])
+    params = list(signature.parameters.values())
+    if "backend" not in signature.parameters and not any(
+        p.kind == p.VAR_KEYWORD for p in params):
+      self.__signature__ = signature.replace(parameters=params + [
+          inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY,
+                            default=None)])
 
   def __repr__(self):
     return f"<tab.batch {self.python_function.__qualname__}>"
+
+  def __getstate__(self):
+    """For pickling and copying: without what was compiled and the
+    per-thread statistics (made again when called)."""
+    return {k: v for k, v in self.__dict__.items()
+            if k not in (pipeline.CACHE_ATTRIBUTE,
+                         stats_lib.PerThread.ATTRIBUTE)}
 
   def __get__(self, instance, owner=None):
     """Looked up on an instance, a batched function is a method, which
@@ -188,7 +199,7 @@ def _prepare(fn, args):
                if isinstance(x, (bool, int, float))]
     if numbers:
       raise TypeError(
-          f"argument {i} of {fn!r} holds the Python number {numbers[0]!r} "
+          f"argument {i} of {fn!r} holds the scalar {numbers[0]!r} "
           "inside a structure (a list, or a number in a tuple or dict), "
           "where every leaf must be a batch; pass each batch as an array or "
           "tensor (np.array([...]))")

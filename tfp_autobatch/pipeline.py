@@ -40,7 +40,10 @@ def _cache(entry):
   Kept on the function, not in a module-level dict, so that a batched
   function made and dropped (one per NUTS kernel, or per closure from a
   factory) is freed with all it compiled (about 6 MB of traces each)."""
-  return entry.__dict__.setdefault("_pipeline_cache", {})
+  return entry.__dict__.setdefault(CACHE_ATTRIBUTE, {})
+
+
+CACHE_ATTRIBUTE = "_pipeline_cache"   # the cache's name on the function
 
 
 def _checked(program, after):

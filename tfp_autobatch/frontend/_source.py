@@ -6,7 +6,9 @@ converter sees a `FunctionDef` whose line numbers are the user's file lines.
 needed for the frontend.)
 """
 import ast
+import builtins
 import inspect
+import symtable
 import textwrap
 
 import numpy as np
@@ -58,18 +60,40 @@ def _frozen(value):
   return value.copy() if isinstance(value, np.ndarray) else value
 
 
+def _global_names(node):
+  """The names a function (and the lambdas and comprehensions in it) reads
+  from its module: free in it, not parameters or locals."""
+  try:
+    table = symtable.symtable(ast.unparse(node), "<batched function>",
+                              "exec")
+  except SyntaxError:
+    # `nonlocal` out of its enclosing function, which the converter
+    # rejects anyway: every name it reads.
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+  names, tables = set(), list(table.get_children())
+  while tables:
+    scope = tables.pop()
+    names.update(scope.get_globals() if hasattr(scope, "get_globals")
+                 else ())
+    tables.extend(scope.get_children())
+  return names
+
+
 def frozen_scope(py_fn, node):
   """`(closure values, globals)` the converted code reads, as they are now.
 
   The batched function's code is traced again later (per input signature,
   per backend, and per batch size on some), and the types inferred now are
   kept: reading the live module and cells then would give a value rebound
-  or resized since, on some backends and not others. So the globals are a
-  copy of the module's, and the NumPy arrays the function names (in its
-  globals or closure) are copies too."""
-  names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+  or resized since, on some backends and not others. So the globals are
+  the ones the function names, and NumPy arrays among them or in its
+  closure are copies. (A value reached through them, `cfg.w` or
+  `params["w"]`, is read when traced, as under `tf.function`.)"""
   closure = {k: _frozen(v) for k, v in closure_values(py_fn).items()}
-  scope = dict(py_fn.__globals__)
-  for name in names & scope.keys():
-    scope[name] = _frozen(scope[name])
+  module = py_fn.__globals__
+  scope = {"__builtins__": module.get("__builtins__", builtins),
+           "__name__": module.get("__name__")}
+  for name in _global_names(node):
+    if name in module:
+      scope[name] = _frozen(module[name])
   return closure, scope

@@ -41,12 +41,15 @@ dtype's minimum for integers, False for booleans) and a `tf.debugging.Assert`
 fails the graph; under the user's XLA, which drops asserts, the poisoned rows
 are what remains.
 """
+import concurrent.futures
+import contextvars
 import functools
 import threading
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir2
@@ -128,12 +131,16 @@ class PcVmRuntime:
         result, overflow, counters = self._execute(args, eager=True)
     else:
       eager = tf.executing_eagerly()
-      vm = self._concrete_for(args) if eager else self.compiled_for(args)
+      # A traced function to call: eagerly and under pc:xla (see
+      # `_concrete_for`); pc:graph in a graph traces in it (in the user's
+      # XLA context, if any).
+      traced = eager or self.mode == "xla"
+      vm = self._concrete_for(args) if traced else self.compiled_for(args)
       # (Eagerly only while a tape records: the wrapper costs an eager
       # call about 0.15 ms.)
       if (self.mode == "xla" and (not eager or record.could_possibly_record())
           or not eager and pfor_conditions.in_xla_context()):
-        vm = functools.partial(self._without_gradient, vm)
+        vm = functools.partial(self._without_gradient, vm, traced)
       result, overflow, counters = vm(*args)
     message = (f"stack depth exceeded: recursion went deeper than "
                f"max_stack_depth={self.depth}; raise max_stack_depth=... in "
@@ -153,12 +160,17 @@ class PcVmRuntime:
     with tf.control_dependencies([check]):
       return tf.nest.map_structure(tf.identity, result)
 
-  def _without_gradient(self, vm, *args):
+  def _without_gradient(self, vm, traced, *args):
     """`vm(*args)`, for a VM compiled by XLA, which has no gradient (its
-    in-place stack writes have none, nor has XLA a while loop's): a
-    `GradientTape` that watches anything it reads gets a clear error when
-    asked for a gradient through it, and a forward call under a tape works
-    (without this, recording the call failed at once)."""
+    in-place stack writes have none, nor has XLA a while loop's). A
+    forward call under a recording tape works (without this, recording
+    the call failed at once, as TensorFlow builds the backward function of
+    a recorded function call then), and a gradient through it, asked for
+    eagerly or in the graph of the call, is a clear `AutobatchError`.
+    Where TensorFlow builds a backward function without being asked (an
+    eager tape recording the user's `tf.function` that makes the call),
+    that function's gradients are NaN behind an assertion, which fails
+    when it runs (and which XLA drops, leaving the NaNs)."""
     mode = "pc:xla" if self.mode == "xla" else (
         "pc:graph inside tf.function(jit_compile=True)")
     message = (f"tfp_autobatch: {mode} is not differentiable (XLA compiles "
@@ -166,20 +178,43 @@ class PcVmRuntime:
                "gradient); take gradients through backend='pc:graph' (in a "
                "tf.function without jit_compile), 'pc:eager', 'local:eager' "
                "or 'local:eager_xla'")
+    forward_graph = (None if tf.executing_eagerly()
+                     else tf.compat.v1.get_default_graph())
+
+    def nan_like(x):
+      # By its static shape where known: the backward function may be
+      # built in another graph (a while loop's gradient) than `x`'s.
+      if not x.dtype.is_floating:
+        return None
+      shape = x.shape if x.shape.is_fully_defined() else tf.shape(x)
+      return tf.fill(shape, tf.constant(float("nan"), x.dtype))
 
     @tf.custom_gradient
     def call(*flat_args):
       def no_gradient(*unused_upstream, variables=None):
-        del variables
-        raise errors.AutobatchError(message)
+        if (tf.executing_eagerly()
+            or tf.compat.v1.get_default_graph() is forward_graph):
+          raise errors.AutobatchError(message)
+        with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+          grads = [nan_like(x) for x in flat_args]
+          if variables is None:
+            return grads
+          return grads, [nan_like(v) for v in variables]
+
       inputs = tf.nest.pack_sequence_as(args, flat_args)
-      if not tf.executing_eagerly():
+      if not traced:
         return vm(*inputs), no_gradient
-      # Eagerly, a call recorded by a tape builds its backward function at
-      # once, which fails; the custom gradient stands for it instead. (Not
-      # while tracing: it would stop the tapes of the traced code too.)
+      # The call of the traced VM is not recorded (a tape recording it
+      # builds its backward function at once, which fails); the custom
+      # gradient stands for it, and the variables it reads are reported
+      # to the tapes, so that a gradient with respect to them is the error
+      # too, not None. (Not around a trace: it would stop the tapes of the
+      # traced code too, a batched primitive's own gradient.)
       with record.stop_recording():
-        return vm(*inputs), no_gradient
+        outs = vm(*inputs)
+      for variable in vm.variables:
+        resource_variable_ops.variable_accessed(variable)
+      return outs, no_gradient
 
     return call(*tf.nest.flatten(args))
 
@@ -219,7 +254,9 @@ class PcVmRuntime:
     return compiled
 
   def _concrete_for(self, args):
-    """`compiled_for(args)`'s concrete function, for eager calls.
+    """`compiled_for(args)`'s concrete function, for eager calls, and for
+    pc:xla's in a graph (traced apart from the tapes recording there,
+    which a trace under them would meet; see `_traced_without_tapes`).
 
     Calling a `tf.function` binds and checks its arguments against its
     signature and looks up its trace on every call; calling the trace (its
@@ -231,7 +268,11 @@ class PcVmRuntime:
     compiled = self.compiled_for(args)
     concrete = self._concrete.get(compiled)
     if concrete is None:
-      concrete = self._concrete[compiled] = compiled.get_concrete_function()
+      if record.could_possibly_record():
+        concrete = _traced_without_tapes(compiled)
+      else:
+        concrete = compiled.get_concrete_function()
+      self._concrete[compiled] = concrete
     return concrete
 
   def _traced(self, *args):
@@ -501,3 +542,17 @@ def _padded(counts, length):
   """Scalar int32 `counts` as a vector of `length`, -1 past them."""
   return tf.stack(counts + [tf.constant(-1)] * (length - len(counts))) if (
       length) else tf.zeros([0], tf.int32)
+
+
+def _traced_without_tapes(compiled):
+  """`compiled`'s concrete function, traced in a thread of its own.
+
+  Traced while an eager tape records, the XLA VM's inner function calls
+  were recorded by that tape, which built their backward functions and
+  failed (the VM's in-place writes have none). Tapes are per thread, and
+  `record.stop_recording` would stop the tapes of the traced code too (a
+  batched primitive's own gradient). The thread runs in a copy of this
+  one's context variables (the default backend)."""
+  context = contextvars.copy_context()
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(context.run, compiled.get_concrete_function).result()

@@ -21,9 +21,14 @@ class PerThread:
   def __set__(self, obj, value):
     setattr(self._values(obj), self.name, value)
 
-  @staticmethod
-  def _values(obj):
-    return obj.__dict__.setdefault("_per_thread_values", threading.local())
+  ATTRIBUTE = "_per_thread_values"   # their holder's name on the object
+
+  @classmethod
+  def _values(cls, obj):
+    values = obj.__dict__.get(cls.ATTRIBUTE)
+    if values is None:
+      values = obj.__dict__.setdefault(cls.ATTRIBUTE, threading.local())
+    return values
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ import contextvars
 import functools
 import logging
 import os
+import weakref
 
 import tensorflow as tf
 
@@ -73,10 +74,16 @@ def _per_example(op, out_types):
   return run
 
 
+# The code already warned of (once each, not at every trace).
+_WARNED_OF_CUSTOM_GRADIENTS = weakref.WeakSet()
+
+
 def _warn_of_custom_gradients(ops, code):
   """pfor vectorises an op by its own gradient, so a `@tf.custom_gradient`
   (an op carrying a gradient override) in single-example code is lost from
-  the batched program's gradient: say so, naming the code."""
+  the batched program's gradient: say so once, naming the code."""
+  if code in _WARNED_OF_CUSTOM_GRADIENTS:
+    return
   for op in ops:
     try:
       op.get_attr("_gradient_op_type")
@@ -89,6 +96,7 @@ def _warn_of_custom_gradients(ops, code):
         "To keep it, call it, written for the batch, from a "
         "@tab.batched_primitive.",
         code.filename, code.lineno, code.source)
+    _WARNED_OF_CUSTOM_GRADIENTS.add(code)
     return
 
 
