@@ -613,3 +613,30 @@ def test_run_functions_eagerly_warns_once():
     tf.get_logger().removeHandler(count)
   warned = [m for m in count.messages if "tf.function behavior" in m]
   assert len(warned) <= 1
+
+
+def test_a_parameter_named_backend_is_a_batch():
+  # Adding `backend` to the call's signature made decorating it fail.
+  @tab.batch
+  def shifted(x, backend):
+    return x + backend
+  np.testing.assert_array_equal(
+      shifted(np.array([1, 2]), np.array([10, 20])), [11, 22])
+
+
+_SHADOWED = np.zeros([3])
+
+
+def test_only_the_globals_a_function_reads_are_kept():
+  # Every global whose name appeared (a parameter shadowing it included)
+  # was copied, and the whole module's globals kept alive.
+  import ast
+  from tfp_autobatch.frontend import _source
+
+  def reads_scale(_SHADOWED):
+    return _SHADOWED * tf.reduce_sum(_SCALE)
+  node, _ = _source.parse_function(reads_scale)
+  _, scope = _source.frozen_scope(reads_scale, node)
+  assert "_SCALE" in scope and "tf" in scope
+  assert "_SHADOWED" not in scope and "np" not in scope
+  assert isinstance(node, ast.FunctionDef)
