@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tfp_autobatch as tab
+from programs import count_loop
 
 LOCAL_BACKENDS = [b for b in tab.BACKENDS if b.startswith("local:")]
 
@@ -432,33 +433,25 @@ def test_only_def_functions_can_be_batched():
   assert isinstance(Model.doubled, tab.BatchedFunction)
 
 
-@tab.batch
-def _count_to(n):
-  i = 0
-  while i < n:
-    i += 1
-  return i
-
-
 @pytest.mark.parametrize("backend", ["local:eager", "pc:eager", "pc:graph"])
 def test_threads_each_read_their_own_stats(backend):
   # One RunStats per runtime mixed two threads' counts (utilisation 1.9),
   # and pc:eager's runs crossed each other's traced blocks and crashed.
   batches = {"long": np.array([30, 30], np.int32),
              "short": np.array([1], np.int32)}
-  _count_to(batches["short"], backend=backend)   # traced before the race
+  count_loop(batches["short"], backend=backend)   # traced before the race
   start = threading.Barrier(2)
   seen = {}
   def call(name):
     start.wait()
-    result = _count_to(batches[name], backend=backend)
-    seen[name] = (result.numpy().tolist(), _count_to.last_stats)
+    result = count_loop(batches[name], backend=backend)
+    seen[name] = (result.numpy().tolist(), count_loop.last_stats)
   threads = [threading.Thread(target=call, args=(name,)) for name in batches]
   for t in threads:
     t.start()
   for t in threads:
     t.join()
-  assert seen["long"][0] == [30, 30] and seen["short"][0] == [1]
+  assert seen["long"][0] == [85, 85] and seen["short"][0] == [0]
   assert seen["long"][1].batch_size == 2
   assert seen["short"][1].batch_size == 1
   assert seen["short"][1].steps == 3
@@ -607,7 +600,7 @@ def test_run_functions_eagerly_warns_once():
   try:
     for backend in ("local:eager", "pc:graph"):
       np.testing.assert_array_equal(
-          _count_to(np.array([3, 1], np.int32), backend=backend), [3, 1])
+          count_loop(np.array([3, 1], np.int32), backend=backend), [3, 0])
   finally:
     tf.config.run_functions_eagerly(False)
     tf.get_logger().removeHandler(count)
