@@ -10,6 +10,7 @@ from tfp_autobatch import config
 from tfp_autobatch import errors
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import reference
 from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import vectorize
@@ -232,13 +233,11 @@ def _same_batch_size(fn, args):
   Sizes known at trace time are checked now. A leaf whose size is unknown
   (a `tf.function` input_signature of [None, ...]) is checked when the
   graph runs: against the known size with `tf.ensure_shape`, or against
-  the first leaf's by assertions that every leaf, the first included,
-  waits for through a `tf.identity` (so the VM cannot start before them;
-  TensorFlow's graph optimiser drops a reshape it finds redundant, with
-  its control dependencies, so the reshape alone did not hold the VM
-  back), then a reshape to the first leaf's size, which fails where XLA
-  drops the assertions (`jit_compile=True`). Either way a mismatch is an
-  error, never an answer. The size is None if no leaf knows it."""
+  the first leaf's by `batch_state.with_rows`, whose assertions every
+  leaf, the first included, waits for (so the VM cannot start before
+  them), and whose reshape fails where XLA drops them (`jit_compile=True`).
+  Either way a mismatch is an error, never an answer. The size is None if
+  no leaf knows it."""
   leaves = tf.nest.flatten(args)
   known = {x.shape[0] for x in leaves} - {None}
   if len(known) > 1:
@@ -252,18 +251,9 @@ def _same_batch_size(fn, args):
       return tf.ensure_shape(x, [size] + x.shape[1:]) if (
           x.shape[0] is None) else x
     return tf.nest.map_structure(checked, args), size
-  first = tf.shape(leaves[0])[0]
   message = (f"arguments of {fn!r} have different batch sizes (their "
              "leading dimensions)")
-  checks = [tf.debugging.assert_equal(tf.shape(x)[0], first, message=message)
-            for x in leaves[1:]]
-  def after_checks(x):
-    with tf.control_dependencies(checks):
-      x = tf.identity(x)
-    same = tf.reshape(x, tf.concat([[first], tf.shape(x)[1:]], 0))
-    same.set_shape(x.shape)
-    return same
-  return tf.nest.map_structure(after_checks, args), None
+  return batch_state.with_rows(args, tf.shape(leaves[0])[0], message), None
 
 
 class BatchedPrimitive:

@@ -28,6 +28,7 @@ from tfp_autobatch.passes import redundant_copies
 from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
 
+CACHE_ATTRIBUTE = "_pipeline_cache"   # the cache's name on the function
 
 
 def _cache(entry):
@@ -41,9 +42,6 @@ def _cache(entry):
   function made and dropped (one per NUTS kernel, or per closure from a
   factory) is freed with all it compiled (about 6 MB of traces each)."""
   return entry.__dict__.setdefault(CACHE_ATTRIBUTE, {})
-
-
-CACHE_ATTRIBUTE = "_pipeline_cache"   # the cache's name on the function
 
 
 def _checked(program, after):

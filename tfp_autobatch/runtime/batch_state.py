@@ -42,6 +42,23 @@ def scatter(old, indices, new):
   return tf.nest.map_structure(leaf, old, new)
 
 
+def with_rows(value, n, message):
+  """`value` (a nest), each leaf checked when the graph runs to have `n`
+  rows: assertions that every leaf waits for through a `tf.identity`
+  (TensorFlow's graph optimiser drops a reshape it finds redundant, and
+  its control dependencies with it), then a reshape to `n` rows, which
+  fails where XLA drops the assertions."""
+  checks = [tf.debugging.assert_equal(tf.shape(x)[0], n, message=message)
+            for x in tf.nest.flatten(value)]
+  def checked(x):
+    with tf.control_dependencies(checks):
+      x = tf.identity(x)
+    rows = tf.reshape(x, tf.concat([[n], tf.shape(x)[1:]], 0))
+    rows.set_shape(x.shape)
+    return rows
+  return tf.nest.map_structure(checked, value)
+
+
 def where(mask, new, old):
   """`new` where `mask`, else `old`; `mask` covers the leading dims of each leaf.
 

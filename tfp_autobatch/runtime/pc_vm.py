@@ -136,10 +136,11 @@ class PcVmRuntime:
       # XLA context, if any).
       traced = eager or self.mode == "xla"
       vm = self._concrete_for(args) if traced else self.compiled_for(args)
+      compiled_by_xla = self.mode == "xla" or (
+          not eager and pfor_conditions.in_xla_context())
       # (Eagerly only while a tape records: the wrapper costs an eager
       # call about 0.15 ms.)
-      if (self.mode == "xla" and (not eager or record.could_possibly_record())
-          or not eager and pfor_conditions.in_xla_context()):
+      if compiled_by_xla and (not eager or record.could_possibly_record()):
         vm = functools.partial(self._without_gradient, vm, traced)
       result, overflow, counters = vm(*args)
     message = (f"stack depth exceeded: recursion went deeper than "

@@ -27,6 +27,7 @@ import tensorflow as tf
 from tfp_autobatch import errors
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _xla
+from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import pfor_conditions
 
 try:   # TF's private pfor entry point; tf.vectorized_map without it
@@ -204,8 +205,7 @@ def _with_rows(outs, n, code):
   was called on. One that does not (a model with a parameter per batch
   row, which does not know which rows it was given) would have its rows
   handed to the wrong members: an error instead, when traced if the
-  shapes say so, else a graph assertion, then a reshape to `n` rows,
-  which fails where XLA drops the assertion."""
+  shapes say so, else when the graph runs (`batch_state.with_rows`)."""
   message = (
       f"the @tab.batched_primitive `{code.source}` ({code.filename}, line "
       f"{code.lineno}) returned a different number of rows than it was "
@@ -223,15 +223,7 @@ def _with_rows(outs, n, code):
   if tf.executing_eagerly() or all(
       static_n is not None and y.shape[0] is not None for y in leaves):
     return outs
-  checks = [tf.debugging.assert_equal(tf.shape(y)[0], n, message=message)
-            for y in leaves]
-  def checked(y):
-    with tf.control_dependencies(checks):
-      y = tf.identity(y)   # (Grappler may drop a reshape it finds redundant)
-    rows = tf.reshape(y, tf.concat([[n], tf.shape(y)[1:]], 0))
-    rows.set_shape(y.shape)
-    return rows
-  return tf.nest.map_structure(checked, outs)
+  return batch_state.with_rows(outs, n, message)
 
 
 def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
