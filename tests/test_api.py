@@ -1,6 +1,8 @@
 """The public API: decorators, backends, errors, statistics."""
 import collections
+import copy
 import functools
+import pickle
 import threading
 
 import numpy as np
@@ -431,6 +433,27 @@ def test_only_def_functions_can_be_batched():
     Model().doubled(np.array([1., 2.]))
   # Looked up on the class it is the batched function itself.
   assert isinstance(Model.doubled, tab.BatchedFunction)
+
+
+def test_batched_functions_pickle_by_reference_as_functions_do():
+  # Pickling failed: the Python function it wraps was pickled by name, and
+  # that name holds the batched function.
+  count_loop(np.array([2, 3], np.int32))   # something compiled to leave out
+  assert pickle.loads(pickle.dumps(count_loop)) is count_loop
+  assert copy.deepcopy(count_loop) is count_loop
+
+  def make():
+    @tab.batch
+    def shifted(x):
+      return x + 1
+    return shifted
+  local = make()
+  local(np.array([1, 2]))
+  copied = copy.deepcopy(local)
+  assert copied is not local
+  np.testing.assert_array_equal(copied(np.array([1, 2])), [2, 3])
+  with pytest.raises((AttributeError, pickle.PicklingError), match="local"):
+    pickle.dumps(local)
 
 
 @pytest.mark.parametrize("backend", ["local:eager", "pc:eager", "pc:graph"])

@@ -2,6 +2,7 @@
 import contextvars
 import functools
 import inspect
+import sys
 
 import tensorflow as tf
 
@@ -72,9 +73,23 @@ class BatchedFunction:
   def __repr__(self):
     return f"<tab.batch {self.python_function.__qualname__}>"
 
+  def __reduce_ex__(self, protocol):
+    """Pickled by reference, as a function is: a batched function reached
+    by its module and qualified name unpickles as the one found there
+    (its Python function, which that name now holds, cannot pickle by
+    name), and copies as itself. Any other (one made in a function) is
+    copied and pickled by its state, which fails as pickling a nested
+    function does."""
+    found = sys.modules.get(getattr(self, "__module__", None))
+    for name in getattr(self, "__qualname__", "").split("."):
+      found = getattr(found, name, None)
+    if found is self:
+      return self.__qualname__
+    return super().__reduce_ex__(protocol)
+
   def __getstate__(self):
-    """For pickling and copying: without what was compiled and the
-    per-thread statistics (made again when called)."""
+    """For pickling and copying by state: without what was compiled and
+    the per-thread statistics (made again when called)."""
     return {k: v for k, v in self.__dict__.items()
             if k not in (pipeline.CACHE_ATTRIBUTE,
                          stats_lib.PerThread.ATTRIBUTE)}
