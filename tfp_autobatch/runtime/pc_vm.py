@@ -49,7 +49,6 @@ import threading
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir2
@@ -57,6 +56,7 @@ from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import block_runner
 from tfp_autobatch.runtime import dispatch as dispatch_lib
+from tfp_autobatch.runtime import no_gradient
 from tfp_autobatch.runtime import pfor_conditions
 from tfp_autobatch.runtime import register_file
 from tfp_autobatch.runtime import run_counters
@@ -162,62 +162,17 @@ class PcVmRuntime:
       return tf.nest.map_structure(tf.identity, result)
 
   def _without_gradient(self, vm, traced, *args):
-    """`vm(*args)`, for a VM compiled by XLA, which has no gradient (its
-    in-place stack writes have none, nor has XLA a while loop's). A
-    forward call under a recording tape works (without this, recording
-    the call failed at once, as TensorFlow builds the backward function of
-    a recorded function call then), and a gradient through it, asked for
-    eagerly or in the graph of the call, is a clear `AutobatchError`.
-    Where TensorFlow builds a backward function without being asked (an
-    eager tape recording the user's `tf.function` that makes the call),
-    that function's gradients are NaN behind an assertion, which fails
-    when it runs (and which XLA drops, leaving the NaNs)."""
+    """`vm(*args)` for a VM compiled by XLA, which has no gradient:
+    runs forward under tapes, a gradient is a clear error
+    (`no_gradient`)."""
     mode = "pc:xla" if self.mode == "xla" else (
         "pc:graph inside tf.function(jit_compile=True)")
-    message = (f"tfp_autobatch: {mode} is not differentiable (XLA compiles "
-               "the VM's loop and its in-place writes, which have no "
-               "gradient); take gradients through backend='pc:graph' (in a "
-               "tf.function without jit_compile), 'pc:eager', 'local:eager' "
-               "or 'local:eager_xla'")
-    forward_graph = (None if tf.executing_eagerly()
-                     else tf.compat.v1.get_default_graph())
-
-    def nan_like(x):
-      # By its static shape where known: the backward function may be
-      # built in another graph (a while loop's gradient) than `x`'s.
-      if not x.dtype.is_floating:
-        return None
-      shape = x.shape if x.shape.is_fully_defined() else tf.shape(x)
-      return tf.fill(shape, tf.constant(float("nan"), x.dtype))
-
-    @tf.custom_gradient
-    def call(*flat_args):
-      def no_gradient(*unused_upstream, variables=None):
-        if (tf.executing_eagerly()
-            or tf.compat.v1.get_default_graph() is forward_graph):
-          raise errors.AutobatchError(message)
-        with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
-          grads = [nan_like(x) for x in flat_args]
-          if variables is None:
-            return grads
-          return grads, [nan_like(v) for v in variables]
-
-      inputs = tf.nest.pack_sequence_as(args, flat_args)
-      if not traced:
-        return vm(*inputs), no_gradient
-      # The call of the traced VM is not recorded (a tape recording it
-      # builds its backward function at once, which fails); the custom
-      # gradient stands for it, and the variables it reads are reported
-      # to the tapes, so that a gradient with respect to them is the error
-      # too, not None. (Not around a trace: it would stop the tapes of the
-      # traced code too, a batched primitive's own gradient.)
-      with record.stop_recording():
-        outs = vm(*inputs)
-      for variable in vm.variables:
-        resource_variable_ops.variable_accessed(variable)
-      return outs, no_gradient
-
-    return call(*tf.nest.flatten(args))
+    return no_gradient.call(vm, traced, args, (
+        f"tfp_autobatch: {mode} is not differentiable (XLA compiles "
+        "the VM's loop and its in-place writes, which have no "
+        "gradient); take gradients through backend='pc:graph' (in a "
+        "tf.function without jit_compile), 'pc:eager', 'local:eager' "
+        "or 'local:eager_xla', or put tf.stop_gradient on its results"))
 
   def compiled_for(self, args):
     """The VM's `tf.function` for a batch like `args`.

@@ -1,0 +1,117 @@
+"""Calling a VM that XLA compiles, which has no gradient, under tapes.
+
+XLA compiles the VM's while loop and its in-place stack writes, neither of
+which TensorFlow can differentiate. `call` makes the VM's call stand for
+"no gradient here" instead: a forward call under a recording tape works
+(recording the bare call fails at once, as TensorFlow builds the backward
+function of a recorded function call then), a gradient asked for eagerly
+or in the graph of the call is a clear `AutobatchError`, and a backward
+function TensorFlow builds in another graph without being asked (for an
+eager tape recording the user's `tf.function`) gets NaN gradients behind
+an assertion that fails when it runs (XLA drops the assertion, leaving the
+NaNs).
+
+Eagerly this is a `tf.custom_gradient`. In a graph it is not: there
+`tf.custom_gradient` registers a gradient function per call in
+TensorFlow's global gradient registry, whose closure holds the call's
+tensors, so every graph that ever traced a call stayed alive (about
+1.5 MB for each `tf.function` traced around a small program). In a graph
+the results pass instead through an `IdentityN` whose gradient is this
+module's, registered once, which reads what it needs from the op.
+"""
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
+
+from tfp_autobatch import errors
+
+_GRADIENT_NAME = "TfpAutobatchNoGradient"
+_RESULTS_ATTR = "_tfp_autobatch_results"   # how many inputs are results
+_MESSAGE_ATTR = "_tfp_autobatch_message"
+
+
+def call(vm, traced, args, message):
+  """`vm(*args)` with no gradient: the error `message` (see the module
+  docstring). `traced`: `vm` is a concrete function, called with the
+  tapes stopped (a tape recording it would build its backward function at
+  once, which fails) and its variables reported to them, so that a
+  gradient with respect to one is the error too, not None. Otherwise
+  `vm` traces in place, under the tapes (stopping them would stop the
+  traced code's own, a batched primitive's gradient)."""
+  flat_args = [tf.convert_to_tensor(x) for x in tf.nest.flatten(args)]
+  inputs = tf.nest.pack_sequence_as(args, flat_args)
+  if tf.executing_eagerly():
+    return _eager_call(vm, traced, inputs, flat_args, message)
+  with record.VariableWatcher() as watcher:
+    outs = _forward(vm, traced, inputs)
+  variables = sorted(watcher.watched_variables(), key=lambda v: v.name)
+  flat_outs = tf.nest.flatten(outs)
+  ends = flat_outs + flat_args + [tf.convert_to_tensor(v) for v in variables]
+  graph = tf.compat.v1.get_default_graph()
+  with graph.gradient_override_map({"IdentityN": _GRADIENT_NAME}):
+    passed = tf.raw_ops.IdentityN(input=ends)
+  op = passed[0].op
+  op._set_attr(_RESULTS_ATTR, attr_value_pb2.AttrValue(i=len(flat_outs)))  # pylint: disable=protected-access
+  op._set_attr(_MESSAGE_ATTR, attr_value_pb2.AttrValue(s=message.encode()))  # pylint: disable=protected-access
+  # For a tape recording in this graph (its closure lives as long as the
+  # tape does).
+  record.record_operation("tfp_autobatch_no_gradient", passed, ends,
+                          lambda *upstream: _no_gradient(op, *upstream))
+  return tf.nest.pack_sequence_as(outs, passed[:len(flat_outs)])
+
+
+def _forward(vm, traced, inputs):
+  if not traced:
+    return vm(*inputs)
+  with record.stop_recording():
+    outs = vm(*inputs)
+  for variable in vm.variables:
+    resource_variable_ops.variable_accessed(variable)
+  return outs
+
+
+def _eager_call(vm, traced, inputs, flat_args, message):
+  """Eagerly, a `tf.custom_gradient` (which registers nothing globally)."""
+  @tf.custom_gradient
+  def without_gradient(*unused_flat_args):
+    def no_gradient(*unused_upstream, variables=None):
+      del variables
+      raise errors.AutobatchError(message)
+    return _forward(vm, traced, inputs), no_gradient
+  return without_gradient(*flat_args)
+
+
+@ops.RegisterGradient(_GRADIENT_NAME)
+def _no_gradient(op, *unused_upstream):
+  """The gradient of a VM call's `IdentityN`: none for the results (the
+  VM's own ops are not differentiated), the error for the rest (the
+  call's arguments and the variables it read)."""
+  message = op.get_attr(_MESSAGE_ATTR).decode()
+  if tf.compat.v1.get_default_graph() is op.graph:
+    raise errors.AutobatchError(message)
+  num_results = op.get_attr(_RESULTS_ATTR)
+  with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+    # XLA drops the assertion; it cannot compile this string op, whose
+    # name is then its error.
+    unsupported = tf.strings.length(tf.strings.as_string(
+        tf.reduce_sum(tf.cast(op.outputs[0], tf.float32)), name=XLA_ERROR))
+    return ([None] * num_results
+            + [_nan_like(x, unsupported) for x in op.inputs[num_results:]])
+
+
+# The name of the op that fails a backward function XLA compiles.
+XLA_ERROR = ("tfp_autobatch_pc_xla_is_not_differentiable_take_gradients_"
+             "through_backend_pc_graph_in_a_tf_function_without_jit_compile")
+
+
+def _nan_like(x, after):
+  """NaNs shaped like `x` (by its static shape where known: the backward
+  function may be built in another graph, a while loop's gradient, than
+  `x`'s), computed from `after`."""
+  if not x.dtype.is_floating:
+    return None
+  shape = x.shape if x.shape.is_fully_defined() else tf.shape(x)
+  return tf.fill(shape, tf.constant(float("nan"), x.dtype)
+                 + tf.cast(after, x.dtype))
