@@ -483,7 +483,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # runtimes (eager only) call it on the gathered active chains, and
     # chains x calls is an upper bound.
     if stats is None:
-      computed = nuts_steps.last_stats_tensors["batched_primitive_rows"]
+      computed = tf.cast(
+          nuts_steps.last_stats_tensors["batched_primitive_rows"], tf.int32)
     elif stats.batched_primitive_rows is not None:
       computed = tf.constant(stats.batched_primitive_rows, tf.int32)
     else:

@@ -656,3 +656,14 @@ def test_only_the_globals_a_function_reads_are_kept():
   assert "_SCALE" in scope and "tf" in scope
   assert "_SHADOWED" not in scope and "np" not in scope
   assert isinstance(node, ast.FunctionDef)
+
+
+def test_max_stack_depth_must_be_a_positive_int():
+  def down(n):
+    return n
+  for bad in (2.5, "8", None, True):
+    with pytest.raises(TypeError, match="max_stack_depth must be an int"):
+      tab.batch(down, max_stack_depth=bad)
+  with pytest.raises(ValueError, match=">= 1, got 0"):
+    tab.batch(down, max_stack_depth=0)
+  assert tab.batch(down, max_stack_depth=np.int64(8)).max_stack_depth == 8

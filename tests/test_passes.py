@@ -41,6 +41,40 @@ def test_tail_duplication_removes_blocks_within_its_growth_bound():
       len(b.ops) + 1 for b in before.entry.blocks)
 
 
+
+@tab.batch
+def _six_arms(n):
+  if n == 0:
+    y = n + 1
+  elif n == 1:
+    y = n * 3
+  elif n == 2:
+    y = n - 7
+  elif n == 3:
+    y = n * n
+  elif n == 4:
+    y = n + 9
+  else:
+    y = n
+  return y + 1
+
+
+def test_tail_duplication_counts_predecessors_once_a_round(monkeypatch):
+  # Recounted at every jump they made the pass quadratic in blocks (1 s
+  # for an `if` of 160 arms); now counted once a round and kept up to
+  # date, with the same result.
+  before = pipeline.convert_program(_six_arms)
+  counts = []
+  count = tail_duplicate._predecessors
+  monkeypatch.setattr(tail_duplicate, "_predecessors",
+                      lambda blocks: counts.append(1) or count(blocks))
+  after = tail_duplicate.tail_duplicate(before)
+  assert len(after.entry.blocks) < len(before.entry.blocks)
+  assert len(counts) == 4, len(counts)   # rounds (20 before: a jump each)
+  n = np.arange(-1, 7, dtype=np.int32)
+  np.testing.assert_array_equal(_six_arms(n, backend="pc:graph"),
+                                [_six_arms.run_unbatched(i) for i in n])
+
 # -- inlining --------------------------------------------------------------------
 
 digit_sum = programs.PROGRAMS_BY_NAME["digit_sum"].fn     # calls a helper once

@@ -39,3 +39,18 @@ def test_counters_traced_keep_the_field_names():
       0, 0, 1, 0, 0]
   assert {k: int(v) for k, v in tensors["block_executions"].items()} == {
       "a": 0, "b": 1, "c": 1}
+
+
+def test_member_and_row_sums_pass_two_to_the_31():
+  # 131,072 members each taking 17,000 steps sum to more than 2**31
+  # active members: an int32 sum wrapped to a negative utilization.
+  counters = run_counters.initial(tf.constant(4), num_blocks=3)
+  counters["active"] += 2**31 - 1
+  counters["rows"] += 2**31 - 1
+  counters = run_counters.after_step(
+      counters, tf.constant(1), 3, pc_top=tf.constant([1, 1, 2, 0]),
+      pc_sp=tf.constant([1, 1, 1, 1]), rows=tf.constant(2),
+      members=tf.constant([2]))
+  stats = run_counters.to_stats(counters, 4, ["a", "b", "c"])
+  assert stats.active_members == 2**31 + 1
+  assert stats.batched_primitive_rows == 2**31 + 1

@@ -2,6 +2,7 @@
 import contextvars
 import functools
 import inspect
+import numbers
 import sys
 
 import tensorflow as tf
@@ -51,7 +52,12 @@ class BatchedFunction:
           "does the work, with the shared values captured by closure")
     if backend is not None:
       backends.check_name(backend)
-    if int(max_stack_depth) < 1:
+    # An int, not anything int() takes: 2.5 was silently a bound of 2.
+    if (not isinstance(max_stack_depth, numbers.Integral)
+        or isinstance(max_stack_depth, bool)):
+      raise TypeError("max_stack_depth must be an int (the deepest "
+                      f"recursion a call may reach), got {max_stack_depth!r}")
+    if max_stack_depth < 1:
       raise ValueError(f"max_stack_depth must be >= 1, got {max_stack_depth}")
     self.python_function = python_function
     self.max_stack_depth = int(max_stack_depth)

@@ -3,13 +3,15 @@
 The counters travel in the VM's loop state, so they are counted alike
 eagerly, in graph mode and under XLA; when the loop ends they become a
 `RunStats` (called eagerly) or a dict of tensors of the caller's graph
-(traced). Every counter is int32:
+(traced). Counters bounded by the steps are int32; the two that sum
+members or rows over the steps are int64, since they pass 2**31 in
+reach (131,072 members each taking 17,000 steps):
 
   steps []            blocks executed (VM steps)
   executions [B]      executions per block
-  active []           summed over steps, the members of the block run
+  active [] int64     summed over steps, the members of the block run
   high []             deepest stack reached (the pc's stack pointer)
-  rows []             rows the `@batched_primitive` calls computed
+  rows [] int64       rows the `@batched_primitive` calls computed
   members [Z + 1]     histogram: entry k counts the `@batched_primitive`
                       calls made for k members
 """
@@ -25,9 +27,9 @@ def initial(z, num_blocks):
   return {
       "steps": tf.constant(0, tf.int32),
       "executions": tf.zeros([num_blocks], tf.int32),
-      "active": tf.constant(0, tf.int32),
+      "active": tf.constant(0, tf.int64),
       "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
-      "rows": tf.constant(0, tf.int32),
+      "rows": tf.constant(0, tf.int64),
       "members": tf.zeros([z + 1], tf.int32),
   }
 
@@ -50,10 +52,10 @@ def after_step(counters, block, num_blocks, pc_top, pc_sp, rows, members):
       "executions": counters["executions"] + tf.one_hot(
           block, num_blocks, dtype=tf.int32),
       "active": counters["active"] + tf.reduce_sum(
-          tf.cast(tf.equal(pc_top, block), tf.int32)),
+          tf.cast(tf.equal(pc_top, block), tf.int64)),
       "high": tf.maximum(counters["high"], tf.reduce_max(
           tf.concat([pc_sp, [0]], 0))),
-      "rows": counters["rows"] + rows,
+      "rows": counters["rows"] + tf.cast(rows, tf.int64),
       "members": histogram,
   }
 
