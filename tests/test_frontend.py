@@ -801,6 +801,24 @@ def test_a_literal_typed_input_takes_the_dtype_of_what_it_is_assigned_to(
       out, np.sqrt(np.float32([0.2, 0.1]).astype(np.float64)))
 
 
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph", "pc:xla"])
+def test_a_literal_of_strong_type_still_indexes_a_python_tuple(backend):
+  # `i = 0` becomes an int64 constant where it is assigned (the loop
+  # compares `i` with an int64 `n`); a tuple indexed by it was a
+  # TypeInferenceError (tuple indices must be integers).
+  @tab.batch
+  def f(x, n):
+    values = (x, x * 2.0)
+    i = 1
+    picked = values[i]
+    while i < n:
+      i += 1
+    return picked + tf.cast(i, x.dtype)
+  out = f(_F64, _I64, backend=backend)
+  assert out.dtype == tf.float64
+  np.testing.assert_array_equal(out, 2.0 * _F64 + _I64)
+
+
 def _float32_over(x, b):
   b = tf.constant(1.0, tf.float32)   # a tensor of another dtype
   return b

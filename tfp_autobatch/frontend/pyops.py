@@ -157,10 +157,16 @@ def getitem(value, index):
 
   pfor cannot vectorise a subscript whose index differs per example, but it
   vectorises `tf.gather`; Python containers and constant indices are left
-  to Python.
+  to Python. A Python container indexed by a tensor whose value is known
+  when the code is traced (`i = 0` for an int64 `i`, which `as_assigned`
+  makes a constant tensor) takes that value, as the literal would.
   """
   if not isinstance(value, (tf.Tensor, tf.Variable)) and not hasattr(
       value, "dtype"):
+    if tf.is_tensor(index) and index.dtype.is_integer:
+      known = tf.get_static_value(index)
+      if known is not None and known.ndim == 0:
+        index = int(known)
     return value[index]
   indices = index if isinstance(index, tuple) else (index,)
   if all(isinstance(i, int) for i in indices) or any(
