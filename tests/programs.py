@@ -857,6 +857,50 @@ def capped_range(n):
   return acc
 
 
+def _literal_sums_oracle(n):
+  total, big = 0.0, 0
+  for _ in range(int(n)):
+    total += 0.1
+    big += 2**30
+  return total, big
+
+
+@register(args(floats(-1.0, 1.0, np.float64), ints(0, 5, np.int64),
+               ints(0, 9, extremes=(0, 9, 1))),
+          (tf.float64, tf.int64), oracle=lambda x, k, n: _literal_sums_oracle(n),
+          batch_sizes=WITH_ONE)
+@tab.batch
+def literals_over_params(x, k, n):
+  """A float64 and an int64 parameter overwritten by Python literals and
+  read in the same straight-line code: the sums they meet take their
+  dtypes. (Read there as the Python numbers they were, they made `total`
+  and `big` literal-typed, float32 and int32, on every backend: the sum
+  of tenths was off in float32 and the int32 sum wrapped.)"""
+  total = 0.0
+  big = 0
+  i = 0
+  while i < n:
+    x = 0.1
+    total = total + x
+    k = 2**30
+    big = big + k
+    i += 1
+  return total, big
+
+
+@register(args(floats(-1.0, 1.0, np.float64), ints(0, 6, extremes=(0, 6))),
+          tf.float64, oracle=lambda x, depth: 2.0 ** int(depth) / 3.0)
+@tab.batch
+def literal_through_recursion(x, depth):
+  """The value of a literal assigned over a float64 parameter, copied and
+  returned through recursive calls: float64, not a float32 third."""
+  if depth <= 0:
+    x = 1.0 / 3.0
+    third = x
+    return third
+  return literal_through_recursion(x, depth - 1) * 2.0
+
+
 TABLE = np.array([3, 1, 4, 1, 5, 9, 2, 6], np.int32)
 
 

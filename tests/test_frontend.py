@@ -12,6 +12,7 @@ from tfp_autobatch import pipeline
 from tfp_autobatch.frontend import convert
 from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.ir import verify
 
 _LIMIT = 100   # a Python number bound outside the functions under test
@@ -713,6 +714,147 @@ def test_a_literal_dividing_traces_past_zero():
   np.testing.assert_allclose(
       inverse(np.array([1., -1.], np.float32), backend="pc:graph"),
       [0.25, 0.5])
+
+
+@tab.batched_primitive
+def _doubled(v):
+  return v * 2.0
+
+
+def _third_over(x, b):
+  b = 1.0 / 3.0
+  return b                  # `_result = b` in the same primitive
+
+
+def _squared_over(n, k):
+  k = 2**20
+  return tf.square(k)       # int32 (Python's 2**20): 2**40 wrapped to 0
+
+
+def _sqrt_over(x, b):
+  b = 0.5
+  return tf.sqrt(b) * x     # float32 * float64: a TypeInferenceError
+
+
+def _doubled_over(x, b):
+  b = 0.1
+  c = b
+  return _doubled(c)        # a batched primitive's input
+
+
+_F64 = np.array([1.0, 2.0])
+_I64 = np.array([3, 4])
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_a_literal_over_a_float64_parameter_reads_as_float64(backend):
+  # The variable was float64 (its parameter's type), but the code after
+  # the assignment in the same primitive read the Python float, so `_result`
+  # was typed a float32 literal: 0.3333333433 on every backend.
+  out = tab.batch(_third_over)(_F64, _F64, backend=backend)
+  assert out.dtype == tf.float64
+  np.testing.assert_array_equal(out, [1.0 / 3.0] * 2)
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:xla"])
+@pytest.mark.parametrize("fn, batch, want", [
+    (_squared_over, _I64, 2**40),
+    (_sqrt_over, _F64, np.sqrt(0.5) * _F64),
+    (_doubled_over, _F64, 0.2),
+])
+def test_a_literal_over_a_parameter_computes_in_its_dtype(
+    backend, fn, batch, want):
+  out = tab.batch(fn)(batch, batch, backend=backend)
+  assert out.dtype == batch.dtype
+  np.testing.assert_array_equal(out, np.broadcast_to(want, batch.shape))
+
+
+def test_variables_a_literal_reaches_in_one_primitive_are_typed_as_it():
+  @tab.batch
+  def f(x, b):
+    b = 0.1
+    c = b          # float64, as `b` is
+    d = 0.5
+    e = d          # literals alone: still a literal's type
+    return c * e
+  f(_F64, _F64, backend="local:eager")
+  types = str(f.ir()).rsplit("types:", 1)[1]
+  assert "c: float64[]," in types and "e: float32[]~" in types
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph"])
+def test_a_literal_typed_input_takes_the_dtype_of_what_it_is_assigned_to(
+    backend):
+  # Type inference traces `a` as a Python float, which `b = a` makes
+  # float64; when the code runs, `a` is a float32 tensor and is cast as
+  # well, so `tf.sqrt` computes in float64 there too.
+  @tab.batch
+  def f(x, b):
+    a = 0.1
+    if x > 0:
+      a = 0.2
+    b = a
+    return tf.sqrt(b)
+  out = f(np.array([1.0, -1.0]), _F64, backend=backend)
+  assert out.dtype == tf.float64
+  np.testing.assert_array_equal(
+      out, np.sqrt(np.float32([0.2, 0.1]).astype(np.float64)))
+
+
+@pytest.mark.parametrize("backend", ["local:eager", "pc:graph", "pc:xla"])
+def test_a_literal_of_strong_type_still_indexes_a_python_tuple(backend):
+  # `i = 0` becomes an int64 constant where it is assigned (the loop
+  # compares `i` with an int64 `n`); a tuple indexed by it was a
+  # TypeInferenceError (tuple indices must be integers).
+  @tab.batch
+  def f(x, n):
+    values = (x, x * 2.0)
+    i = 1
+    picked = values[i]
+    while i < n:
+      i += 1
+    return picked + tf.cast(i, x.dtype)
+  out = f(_F64, _I64, backend=backend)
+  assert out.dtype == tf.float64
+  np.testing.assert_array_equal(out, 2.0 * _F64 + _I64)
+
+
+def _float32_over(x, b):
+  b = tf.constant(1.0, tf.float32)   # a tensor of another dtype
+  return b
+
+
+def _int_over(x, b):
+  b = 2                              # an int literal for a bool
+  return b
+
+
+@pytest.mark.parametrize("fn, b", [(_float32_over, _F64),
+                                   (_int_over, np.array([True, False]))])
+def test_a_variable_is_not_cast_to_hide_a_type_conflict(fn, b):
+  # Only a literal of a kind the variable's dtype admits takes it.
+  with pytest.raises(tab.TypeInferenceError, match="'b'.*two different types"):
+    tab.batch(fn)(_F64, b)
+
+
+def test_as_assigned_gives_only_literals_of_strong_types_a_dtype():
+  f64 = types_lib.TensorType(tf.float64, ())
+  weak = types_lib.TensorType(tf.float32, (), weak=True)
+  assert pyops.as_assigned(0, 0.5) == 0.5           # outside a primitive
+  f32 = tf.constant(0.5)
+  with pyops.assigning([f64, weak, (f64, weak)], casts_tensors=False) as record:
+    assert pyops.as_assigned(0, f32) is f32         # inference: no cast
+    assert not record.numbers_met
+    assert pyops.as_assigned(1, 0.5) == 0.5         # a weak variable's
+    assert record.numbers_met
+    typed = pyops.as_assigned(0, 0.5)
+    assert typed.dtype == tf.float64 and float(typed) == 0.5
+    pair = pyops.as_assigned(2, (1, 2))
+    assert pair[0].dtype == tf.float64 and pair[1] == 2
+  with pyops.assigning([f64], casts_tensors=True):
+    assert pyops.as_assigned(0, f32).dtype == tf.float64
+    same = tf.constant(0.5, tf.float64)
+    assert pyops.as_assigned(0, same) is same       # no op
 
 
 _Pair = collections.namedtuple("_Pair", "a b")

@@ -7,6 +7,9 @@ other `@tab.batch` functions are hoisted out of expressions into `Call`s;
 and `and`/`or` become `Jump`/`Branch`/`Return` terminators; a short `for`
 over a range of Python ints is unrolled instead (`static_trips`). Anything we
 cannot batch raises `ConversionError` naming the line and saying what to write.
+In a primitive's code each assignment is followed by `pyops.as_assigned`,
+which gives the value its variable's inferred dtype where a Python literal
+would otherwise stand for it.
 Expressions are lowered by `expression_lowering`, using the facts about names
 that `name_analysis` finds.
 """
@@ -161,15 +164,32 @@ class FunctionConverter:
 
   def compile(self, stmts, ins, outs, read_lines=()):
     """Compiles statements into `fn(*ins) -> tuple(outs)` in the user's
-    scope (`read_lines`: see `ir1.Code`)."""
+    scope (`read_lines`: see `ir1.Code`).
+
+    After each statement, each variable it assigned is passed through
+    `pyops.as_assigned`, which gives it its inferred dtype for the rest of
+    the code (`b = 1.0 / 3.0` then `c = b` for a float64 `b`: `c` reads a
+    float64 tensor, not the Python float that would type it float32). The
+    code's `source`, which the IR prints, is the user's statements alone."""
     name = f"{self.py_fn.__name__}_L{stmts[0].lineno}"
     ret = ast.Return(ast.Tuple([ast.Name(o, ast.Load()) for o in outs],
                                ast.Load()))
+    body = []
+    for stmt in stmts:
+      body.append(stmt)
+      targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+      assigned = dict.fromkeys(n for t in targets
+                               for n in name_analysis.target_names(t))
+      body.extend(ast.copy_location(ast.Assign(
+          [ast.Name(n, ast.Store())],
+          pyops.call("as_assigned", [ast.Constant(outs.index(n)),
+                                     ast.Name(n, ast.Load())])), stmt)
+                  for n in assigned)
     inner = ast.FunctionDef(
         name=name,
         args=ast.arguments(posonlyargs=[], args=[ast.arg(i) for i in ins],
                            kwonlyargs=[], kw_defaults=[], defaults=[]),
-        body=list(stmts) + [ret], decorator_list=[], returns=None,
+        body=body + [ret], decorator_list=[], returns=None,
         type_params=[])
     free = sorted(self.closure)
     outer = ast.FunctionDef(

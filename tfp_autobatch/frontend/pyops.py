@@ -3,12 +3,25 @@
 Python's `not`, chained comparisons and loop bounds do not work on symbolic
 tensors, so the converter rewrites them into calls of these functions. They
 are written for one example and work on Python values too.
+
+`as_assigned` is the one that is not an operator: after each statement the
+converted code passes every variable the statement assigned through it, so
+that the value has its variable's inferred dtype in the rest of the
+primitive too (see `as_assigned`, `assigning`).
 """
 import ast
+import contextlib
+import contextvars
 
 import tensorflow as tf
 
+from tfp_autobatch.ir import types as types_lib
+
 NAME = "__tab_ops__"   # what converted code calls this module
+
+# The `_Assignments` of the primitive whose code runs now (see `assigning`);
+# None outside one, as when a function runs unbatched.
+_assigned = contextvars.ContextVar("tfp_autobatch_assigned", default=None)
 
 
 def call(name, args):
@@ -144,10 +157,16 @@ def getitem(value, index):
 
   pfor cannot vectorise a subscript whose index differs per example, but it
   vectorises `tf.gather`; Python containers and constant indices are left
-  to Python.
+  to Python. A Python container indexed by a tensor whose value is known
+  when the code is traced (`i = 0` for an int64 `i`, which `as_assigned`
+  makes a constant tensor) takes that value, as the literal would.
   """
   if not isinstance(value, (tf.Tensor, tf.Variable)) and not hasattr(
       value, "dtype"):
+    if tf.is_tensor(index) and index.dtype.is_integer:
+      known = tf.get_static_value(index)
+      if known is not None and known.ndim == 0:
+        index = int(known)
     return value[index]
   indices = index if isinstance(index, tuple) else (index,)
   if all(isinstance(i, int) for i in indices) or any(
@@ -164,3 +183,84 @@ def getitem(value, index):
              for i, d in zip(indices, tf.unstack(dims))]
   common = wrapped[0].dtype
   return tf.gather_nd(value, tf.stack([tf.cast(i, common) for i in wrapped]))
+
+
+class _Assignments:
+  """What `as_assigned` does in one run of a primitive's code."""
+
+  def __init__(self, out_types, casts_tensors):
+    self.out_types = tuple(out_types)
+    self.casts_tensors = casts_tensors
+    self.numbers_met = False   # whether a Python number was assigned
+
+
+@contextlib.contextmanager
+def assigning(out_types, casts_tensors):
+  """Within it, `as_assigned(i, value)` gives `value` the type
+  `out_types[i]` of the running primitive's `i`-th output (None: not known
+  yet, as while types are being inferred). Yields a record whose
+  `numbers_met` says afterwards whether the code assigned a Python number
+  (only then can `out_types` have changed what it computed).
+
+  `casts_tensors`: whether a tensor of another dtype is cast too, or only a
+  Python number. Type inference traces with False: there a tensor of
+  another dtype is a conflict for `types.join` to report, never to cast
+  away (`x = tf.constant(1, tf.int32)` for an int64 `x`). At run time a
+  weak-typed input arrives as a tensor of TensorFlow's default dtype where
+  inference traced a Python number, and takes its variable's dtype as the
+  number did (inference already rejected every other mismatch)."""
+  record = _Assignments(out_types, casts_tensors)
+  token = _assigned.set(record)
+  try:
+    yield record
+  finally:
+    _assigned.reset(token)
+
+
+def as_assigned(index, value):
+  """`value`, assigned to the running primitive's output `index`, with its
+  variable's dtype where the type is strong (see `ir.types`).
+
+  Within one primitive the code runs as written: after `b = 1.0 / 3.0`,
+  `c = b` reads the Python float, which alone would type `c` as a float32
+  literal, though `b` is float64 (a float64 parameter, say) and `c` holds
+  its value. So every assignment passes through here: a Python number (or
+  a nest of them) assigned to a variable of strong type becomes a tensor of
+  that dtype, so what reads it later in the same code computes in that
+  dtype, as it does in the next primitive. A value that already has its
+  variable's dtype is returned as it is (no op), and so is one of a weak
+  (literal-typed) variable: it takes the dtype of what it meets, as a
+  Python literal does in TensorFlow."""
+  assigned = _assigned.get()
+  if assigned is None:
+    return value
+  try:
+    if any(isinstance(v, (bool, int, float))
+           for v in tf.nest.flatten(value)):
+      assigned.numbers_met = True
+    var_type = assigned.out_types[index]
+    if var_type is None:
+      return value
+    return tf.nest.map_structure(
+        lambda t, v: _as_type(v, t, assigned.casts_tensors), var_type, value)
+  except (TypeError, ValueError):
+    return value   # another structure: `types.join` reports it
+
+
+def _as_type(value, var_type, casts_tensors):
+  if var_type.weak:
+    return value
+  if hasattr(value, "dtype"):   # a tensor, or NumPy's (float64 is a float)
+    if not casts_tensors:
+      return value
+    dtype = tf.as_dtype(value.dtype)
+  elif isinstance(value, (bool, int, float)):
+    dtype = tf.convert_to_tensor(value).dtype
+  else:
+    return value
+  if dtype == var_type.dtype or not types_lib.compatible_kind(
+      dtype, var_type.dtype):
+    return value
+  value = tf.convert_to_tensor(value, dtype_hint=var_type.dtype)
+  return value if value.dtype == var_type.dtype else tf.cast(
+      value, var_type.dtype)

@@ -6,6 +6,13 @@ types a variable gets (see `ir.types.join`), and propagating argument types
 into callees and result types out of them, until nothing changes. Recursion
 converges because a call whose callee result is not known yet contributes
 nothing until the base case has been typed.
+
+A primitive's code gives each value it assigns the type its variable has so
+far (`pyops.as_assigned`), so that code after `b = 1.0 / 3.0` in the same
+primitive reads a float64 `b` where `b` is float64 (say, a parameter)
+rather than the Python float, which would make what it computes a float32
+literal; when a variable's type grows stronger, the code that assigns it is
+traced again.
 """
 import itertools
 import weakref
@@ -13,6 +20,7 @@ import weakref
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import vectorize
@@ -108,14 +116,15 @@ def _promoted_literals(program, env):
           continue
         weak = [i for i, t in enumerate(in_types)
                 if any(leaf.weak for leaf in tf.nest.flatten(t))]
-        if not weak or _runs(op, [_strong(t) for t in in_types]):
+        out_types = [env.get((fn.name, v)) for v in op.outs]
+        if not weak or _runs(op, [_strong(t) for t in in_types], out_types):
           continue
         for dtypes in _choices(_candidates(in_types), len(weak)):
           trial = list(in_types)
           for i, dtype in zip(weak, dtypes):
             trial[i] = tf.nest.map_structure(
                 lambda t, d=dtype: _takes(t, d), in_types[i])
-          if _runs(op, [_strong(t) for t in trial]):
+          if _runs(op, [_strong(t) for t in trial], out_types):
             return {(fn.name, op.ins[i]): trial[i] for i in weak
                     if trial[i] != in_types[i]}
         _raise_unpromotable(op, in_types, weak)
@@ -185,9 +194,9 @@ def _strong(var_type):
       lambda t: types_lib.TensorType(t.dtype, t.shape), var_type)
 
 
-def _runs(op, in_types):
+def _runs(op, in_types, out_types):
   try:
-    abstract_eval(op, in_types)
+    abstract_eval(op, in_types, out_types)
     return True
   except errors.TypeInferenceError:
     return False
@@ -208,7 +217,8 @@ def _sweep_function(program, fn, env):
         continue
       match op:
         case ir1.Primitive():
-          out_types = abstract_eval(op, in_types)
+          out_types = abstract_eval(
+              op, in_types, [env.get((fn.name, v)) for v in op.outs])
           for var, t in zip(op.outs, out_types):
             _join_into(env, fn, var, t)
         case ir1.Call(outs, callee, ins):
@@ -238,30 +248,56 @@ def _abstract_arg(t, batched, literal=0):
 _LITERAL_VALUES = (0, 1, 2)
 
 
-# Code -> {(batched, input types): output types}; weak, so that the code of
-# a batched function that is dropped is freed with it.
+# Code -> {(batched, input types[, strong output types]): output types};
+# weak, so that the code of a batched function that is dropped is freed
+# with it.
 _EVAL_CACHE = weakref.WeakKeyDictionary()
 
 
-def abstract_eval(op, in_types):
-  """The per-example output types of a Primitive on inputs of `in_types`."""
+def abstract_eval(op, in_types, out_types=None):
+  """The per-example output types of a Primitive on inputs of `in_types`.
+
+  `out_types`: the types its outputs have so far (None for one not known
+  yet). What the code assigns takes the strong ones as it goes
+  (`pyops.as_assigned`), so that a variable has its type within the
+  primitive too: after `b = 1.0 / 3.0` with a float64 `b`, `c = b` types
+  `c` float64. As types grow stronger the code is traced again, but only
+  code that assigned a Python number can compute otherwise (`numbers_met`):
+  other code's output types hold for any `out_types`.
+  """
+  out_types = out_types or [None] * len(op.outs)
   cache = _EVAL_CACHE.setdefault(op.code, {})
   key = (op.batched, types_lib.hashable(tuple(in_types)))
-  if key not in cache:
-    cache[key] = _trace_types(op, in_types)
-  return cache[key]
+  if key in cache:
+    return cache[key]
+  targets = tuple(types_lib.hashable(_strong_only(t)) for t in out_types)
+  if key + targets not in cache:
+    found, numbers_met = _trace_types(op, in_types, out_types)
+    cache[key + targets if numbers_met else key] = found
+    return found
+  return cache[key + targets]
 
 
-def _trace_types(op, in_types):
-  """Traces the code (in a FuncGraph, so it may capture eager tensors)."""
+def _strong_only(var_type):
+  """`var_type` with its weak leaves None: what `pyops.as_assigned` does
+  with a variable's type."""
+  if var_type is None:
+    return None
+  return tf.nest.map_structure(lambda t: None if t.weak else t, var_type)
+
+
+def _trace_types(op, in_types, out_types):
+  """`(output types, whether the code assigned a Python number)`; traces
+  the code (in a FuncGraph, so it may capture eager tensors)."""
   found = []
 
   def trace(*args):
-    outs = vectorize.call_single_example_code(op, *args)
+    with pyops.assigning(out_types, casts_tensors=False) as assigned:
+      outs = vectorize.call_single_example_code(op, *args)
     if op.batched:
       _check_keeps_the_batch(op, outs)
-    found.append([types_lib.type_of_value(v, batched=op.batched)
-                  for v in outs])
+    found.append(([types_lib.type_of_value(v, batched=op.batched)
+                   for v in outs], assigned.numbers_met))
     return 0
 
   for literal in _LITERAL_VALUES:

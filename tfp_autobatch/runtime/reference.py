@@ -36,7 +36,8 @@ def _run(program, fn, args, depth, max_stack_depth):
             values = [tf.nest.map_structure(lambda x: x[0], v)
                       for v in code.fn(*one)]
           else:
-            values = vectorize.call_single_example_code(op, *ins)
+            values = vectorize.call_single_example_code(op, *ins,
+                                                        out_types=types)
           for var, value, t in zip(outs, values, types):
             env[var] = vectorize.conform(value, t)
         case ir1.Call(outs, callee, _):

@@ -72,7 +72,9 @@ class Segment:
   def _per_example(self, *values):
     env = dict(zip(self.reads, values))
     for op in self.ops:
-      outs = vectorize.call_single_example_code(op, *[env[v] for v in op.ins])
+      outs = vectorize.call_single_example_code(
+          op, *[env[v] for v in op.ins],
+          out_types=[self.var_type(v) for v in op.outs])
       for var, value in zip(op.outs, outs):
         env[var] = vectorize.conform(value, self.var_type(var))
     return tuple(env[v] for v in self.writes)

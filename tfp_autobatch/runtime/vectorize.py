@@ -25,6 +25,7 @@ import weakref
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
@@ -59,18 +60,27 @@ def conform(value, var_type):
   return tf.nest.map_structure(leaf, var_type, value)
 
 
-def call_single_example_code(op, *ins):
-  """Runs a primitive's code, marking it as code for one example."""
+def call_single_example_code(op, *ins, out_types=None):
+  """Runs a primitive's code, marking it as code for one example.
+
+  `out_types`: the types of its outputs, which the frontend's code gives
+  what it assigns as it goes (`pyops.as_assigned`, a tensor of another
+  dtype cast too); None leaves that to the caller's `pyops.assigning`, as
+  type inference does.
+  """
   token = inside_vectorized_code.set(not op.batched)
   try:
-    return op.code.fn(*ins)
+    if out_types is None:
+      return op.code.fn(*ins)
+    with pyops.assigning(out_types, casts_tensors=True):
+      return op.code.fn(*ins)
   finally:
     inside_vectorized_code.reset(token)
 
 
 def _per_example(op, out_types):
   def run(*ins):
-    outs = call_single_example_code(op, *ins)
+    outs = call_single_example_code(op, *ins, out_types=out_types)
     return tuple(conform(v, t) for v, t in zip(outs, out_types))
   return run
 
