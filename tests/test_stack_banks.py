@@ -75,6 +75,22 @@ def test_writes_and_reads_match_one_stack_at_a_time(enabled, xla, z):
                               banks.view(state, name), want[name])
 
 
+def test_unbanked_stacks_left_alone_share_their_zeros():
+  # Outside XLA every stack a block does not push gets a write that writes
+  # nothing; a block's such writes share their zeros (one per dtype and
+  # shape, and one row and mask tensor) instead of each building its own.
+  banks = stack_banks.StackBanks(_stacks(3), D, enabled=False)
+  packed = banks.pack({"x": _write(3, np.random.default_rng(0),
+                                   _stacks(3)["x"])}, 3, capacity=None)
+  left_alone = [packed[n] for n in ("pc", "depth", "pair", "flag")]
+  assert len({id(w.row) for w in left_alone}) == 1
+  assert len({id(w.mask) for w in left_alone}) == 1
+  pair = packed["pair"].value
+  assert packed["pc"].value is packed["depth"].value is pair.count
+  assert pair.weight.shape == (3, 2)
+  assert not np.any(pair.weight) and not np.any(packed["flag"].mask)
+
+
 def test_more_writes_than_reserved_is_an_ir_error():
   banks = stack_banks.StackBanks(_stacks(2), D)
   capacity = banks.capacity([{"x"}])

@@ -73,12 +73,25 @@ def apply_stack_write(stack, write, xla=False):
   return tf.nest.map_structure(leaf, stack, write.value)
 
 
-def no_write(stack, z):
-  """A StackWrite of `stack` that writes nothing (every row masked off)."""
-  return StackWrite(tf.zeros([z], tf.int32),
-                    tf.nest.map_structure(lambda s: tf.zeros_like(s[0]),
-                                          stack),
-                    tf.zeros([z], tf.bool))
+def no_write(stack, z, zeros=None):
+  """A StackWrite of `stack` that writes nothing (every row masked off).
+
+  `zeros`: a dict that the no-writes of one block share, so that they
+  share their zeros too (the rows and mask, and one value per dtype and
+  shape), instead of each building its own: every stack a block leaves
+  alone needs one, and under pc:graph they were 1,273 of the 14,263 ops
+  of a NUTS trace (0.44 of its 6.9 s in cProfile)."""
+  zeros = {} if zeros is None else zeros
+  def shared(key, make):
+    if key not in zeros:
+      zeros[key] = make()
+    return zeros[key]
+  return StackWrite(
+      shared("row", lambda: tf.zeros([z], tf.int32)),
+      tf.nest.map_structure(
+          lambda s: shared((s.dtype, tuple(s.shape[1:])),
+                           lambda: tf.zeros_like(s[0])), stack),
+      shared("mask", lambda: tf.zeros([z], tf.bool)))
 
 
 class StackBanks:
@@ -143,7 +156,9 @@ class StackBanks:
     """A block's writes ({name: StackWrite}) in the form `apply` takes,
     each bank's sized by `capacity` (see `capacity`)."""
     if not self.enabled:
-      return {name: writes.get(name) or no_write(self.structure[name], z)
+      zeros = {}
+      return {name: writes.get(name) or no_write(self.structure[name], z,
+                                                 zeros)
               for name in self.names}
     rows = {key: [] for key in self.sizes}
     values = {key: [] for key in self.sizes}
