@@ -97,7 +97,8 @@ def test_no_gradient_through_xla_with_respect_to_a_variable_it_reads():
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("where", ["eager", "tf.function", "jit_compile"])
+@pytest.mark.parametrize("where", ["eager", "tf.function", "jit_compile",
+                                   "jit_compile while_loop"])
 def test_pc_xla_runs_forward_under_a_tape(where, persistent):
   # A tape that watched a variable the VM reads used to make the forward
   # call itself fail: a recorded call builds its backward function at
@@ -108,6 +109,14 @@ def test_pc_xla_runs_forward_under_a_tape(where, persistent):
   call = lambda x: fresh(x, DEPTH, backend="pc:xla")
   if where == "jit_compile":   # as the NUTS kernel compiles its step
     call = tf.function(call, jit_compile=True)
+  if where == "jit_compile while_loop":
+    # The backward function read the VM's result in the loop, which made
+    # the forward loop accumulate it, which XLA cannot compile unbounded:
+    # the forward call failed.
+    once = call
+    call = tf.function(lambda x: tf.while_loop(
+        lambda i, y: i < 1, lambda i, y: (i + 1, once(y)), (0, x))[1],
+                       jit_compile=True)
   if where != "eager":
     call = tf.function(call)
   with tf.GradientTape(persistent=persistent) as tape:

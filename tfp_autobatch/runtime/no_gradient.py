@@ -93,10 +93,14 @@ def _no_gradient(op, *unused_upstream):
     raise errors.AutobatchError(message)
   num_results = op.get_attr(_RESULTS_ATTR)
   with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
-    # XLA drops the assertion; it cannot compile this string op, whose
-    # name is then its error.
+    # XLA drops the assertion; it cannot compile these ops, whose name is
+    # then its error. They read nothing of the forward pass: a forward
+    # tensor read here is one more output of the forward function, and
+    # in a while loop one more accumulator (which XLA cannot compile
+    # without a bound on the iterations, so the forward call failed
+    # under a tape). A timestamp is not constant-folded away.
     unsupported = tf.strings.length(tf.strings.as_string(
-        tf.reduce_sum(tf.cast(op.outputs[0], tf.float32)), name=XLA_ERROR))
+        tf.timestamp(name=XLA_ERROR), name=XLA_ERROR))
     return ([None] * num_results
             + [_nan_like(x, unsupported) for x in op.inputs[num_results:]])
 
