@@ -2,7 +2,11 @@
 import collections
 import copy
 import functools
+import json
+import os
 import pickle
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -667,3 +671,33 @@ def test_max_stack_depth_must_be_a_positive_int():
   with pytest.raises(ValueError, match=">= 1, got 0"):
     tab.batch(down, max_stack_depth=0)
   assert tab.batch(down, max_stack_depth=np.int64(8)).max_stack_depth == 8
+
+
+class _Fib(tf.Module):
+
+  def __init__(self, backend):
+    super().__init__()
+    self.backend = backend
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
+  def __call__(self, n):
+    return fib(n, backend=self.backend)
+
+
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
+def test_a_saved_model_runs_where_tfp_autobatch_is_not_imported(
+    backend, tmp_path):
+  # pc:xla's model failed to save: SavedModel traces each registered
+  # gradient once, with no op, and the VM call's gradient read the op.
+  tf.saved_model.save(_Fib(backend), str(tmp_path))
+  script = ("import json, sys, tensorflow as tf\n"
+            f"loaded = tf.saved_model.load({str(tmp_path)!r})\n"
+            "with tf.GradientTape():   # a forward call under a tape\n"
+            "  out = loaded(tf.constant([5, 7, 10]))\n"
+            "print(json.dumps({'out': out.numpy().tolist(), "
+            "'imported': 'tfp_autobatch' in sys.modules}))\n")
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                       text=True, check=True,
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert json.loads(run.stdout.strip().splitlines()[-1]) == {
+      "out": [5, 13, 55], "imported": False}

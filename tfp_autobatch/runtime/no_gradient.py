@@ -17,19 +17,26 @@ TensorFlow's global gradient registry, whose closure holds the call's
 tensors, so every graph that ever traced a call stayed alive (about
 1.5 MB for each `tf.function` traced around a small program). In a graph
 the results pass instead through an `IdentityN` whose gradient is this
-module's, registered once, which reads what it needs from the op.
+module's, registered once for each signature of the call (its results'
+count and its inputs' dtypes and shapes; a closure over that count and
+the message only), so the registry grows with the programs and batch
+sizes traced, not with the traces. One per signature, not one for all:
+`tf.saved_model.save` traces the gradient of each registered name once,
+with the inputs of the first op of that name it meets, and a loaded
+model calls that trace for every op of the name.
 """
+import hashlib
+import threading
+
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
 from tfp_autobatch import errors
 
-_GRADIENT_NAME = "TfpAutobatchNoGradient"
-_RESULTS_ATTR = "_tfp_autobatch_results"   # how many inputs are results
-_MESSAGE_ATTR = "_tfp_autobatch_message"
+_registered = set()   # the gradient names registered (`_gradient_name`)
+_registering = threading.Lock()
 
 
 def call(vm, traced, args, message):
@@ -50,16 +57,31 @@ def call(vm, traced, args, message):
   flat_outs = tf.nest.flatten(outs)
   ends = flat_outs + flat_args + [tf.convert_to_tensor(v) for v in variables]
   graph = tf.compat.v1.get_default_graph()
-  with graph.gradient_override_map({"IdentityN": _GRADIENT_NAME}):
+  name = _gradient_name(len(flat_outs), message, ends)
+  with graph.gradient_override_map({"IdentityN": name}):
     passed = tf.raw_ops.IdentityN(input=ends)
   op = passed[0].op
-  op._set_attr(_RESULTS_ATTR, attr_value_pb2.AttrValue(i=len(flat_outs)))  # pylint: disable=protected-access
-  op._set_attr(_MESSAGE_ATTR, attr_value_pb2.AttrValue(s=message.encode()))  # pylint: disable=protected-access
   # For a tape recording in this graph (its closure lives as long as the
   # tape does).
+  gradient = ops.gradient_registry.lookup(name)
   record.record_operation("tfp_autobatch_no_gradient", passed, ends,
-                          lambda *upstream: _no_gradient(op, *upstream))
+                          lambda *upstream: gradient(op, *upstream))
   return tf.nest.pack_sequence_as(outs, passed[:len(flat_outs)])
+
+
+def _gradient_name(num_results, message, ends):
+  """The registered gradient for an `IdentityN` of `ends` whose first
+  `num_results` are the VM's results (see the module docstring)."""
+  signature = (num_results, message, tuple(
+      (t.dtype.name, None if t.shape.rank is None else t.shape.as_list())
+      for t in ends))
+  name = "TfpAutobatchNoGradient_" + hashlib.sha256(
+      repr(signature).encode()).hexdigest()[:24]
+  with _registering:
+    if name not in _registered:
+      ops.RegisterGradient(name)(_no_gradient(num_results, message))
+      _registered.add(name)
+  return name
 
 
 def _forward(vm, traced, inputs):
@@ -83,26 +105,31 @@ def _eager_call(vm, traced, inputs, flat_args, message):
   return without_gradient(*flat_args)
 
 
-@ops.RegisterGradient(_GRADIENT_NAME)
-def _no_gradient(op, *unused_upstream):
+def _no_gradient(num_results, message):
   """The gradient of a VM call's `IdentityN`: none for the results (the
-  VM's own ops are not differentiated), the error for the rest (the
-  call's arguments and the variables it read)."""
-  message = op.get_attr(_MESSAGE_ATTR).decode()
-  if tf.compat.v1.get_default_graph() is op.graph:
-    raise errors.AutobatchError(message)
-  num_results = op.get_attr(_RESULTS_ATTR)
-  with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
-    # XLA drops the assertion; it cannot compile these ops, whose name is
-    # then its error. They read nothing of the forward pass: a forward
-    # tensor read here is one more output of the forward function, and
-    # in a while loop one more accumulator (which XLA cannot compile
-    # without a bound on the iterations, so the forward call failed
-    # under a tape). A timestamp is not constant-folded away.
-    unsupported = tf.strings.length(tf.strings.as_string(
-        tf.timestamp(name=XLA_ERROR), name=XLA_ERROR))
-    return ([None] * num_results
-            + [_nan_like(x, unsupported) for x in op.inputs[num_results:]])
+  VM's own ops are not differentiated), the error `message` for the rest
+  (the call's arguments and the variables it read)."""
+  def gradient(op, *upstream):
+    # `op` is None where `tf.saved_model.save` traces the gradient (with
+    # the op's inputs as `upstream`).
+    if op is not None and tf.compat.v1.get_default_graph() is op.graph:
+      raise errors.AutobatchError(message)
+    with tf.control_dependencies([tf.debugging.Assert(False, [message])]):
+      # XLA drops the assertion; it cannot compile these ops, whose name
+      # is then its error. They read nothing of the forward pass: a
+      # forward tensor read here is one more output of the forward
+      # function, and in a while loop one more accumulator (which XLA
+      # cannot compile without a bound on the iterations, so the forward
+      # call failed under a tape). A timestamp is not constant-folded.
+      unsupported = tf.strings.length(tf.strings.as_string(
+          tf.timestamp(name=XLA_ERROR), name=XLA_ERROR))
+      # Shaped like the upstream gradient, or where it is not a dense
+      # tensor (None, IndexedSlices) like the input.
+      return [None] * num_results + [
+          _nan_like(g if isinstance(g, tf.Tensor) else op.inputs[i],
+                    unsupported)
+          for i, g in enumerate(upstream) if i >= num_results]
+  return gradient
 
 
 # The name of the op that fails a backward function XLA compiles.
