@@ -5,7 +5,11 @@ floating-point tolerance: false-failure rate 0. The random-generator tests are
 statistical with fixed seeds; each states its false-failure rate.
 """
 import collections
+import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -723,3 +727,40 @@ def test_run_stats_of_a_wrapped_kernel_reach_the_kernel_the_user_made():
   # A copy with a parameter replaced shares it too; a new kernel does not.
   assert ours.copy(max_tree_depth=2).last_run_stats is stats
   assert nuts.NoUTurnSampler(gaussian_log_prob, 0.2).last_run_stats is None
+
+
+class _SavedSampler(tf.Module):
+
+  def __init__(self):
+    super().__init__()
+    self.kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.4,
+                                      max_tree_depth=3)
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32),
+                                tf.TensorSpec([2], tf.int32)])
+  def sample(self, init, seed):
+    return tfp.mcmc.sample_chain(2, init, kernel=self.kernel, trace_fn=None,
+                                 seed=seed)
+
+
+def test_a_saved_sampler_gives_the_same_samples_without_our_packages(
+    tmp_path):
+  # A tf.function calling pc:xla (the default) failed to save (the VM
+  # call's gradient, which SavedModel traces). Loaded where neither nuts
+  # nor tfp_autobatch is imported, the same seed gives the same samples.
+  module = _SavedSampler()
+  init, seed = tf.constant(INIT, tf.float32), tf.constant([3, 4])
+  want = module.sample(init, seed).numpy()
+  tf.saved_model.save(module, str(tmp_path))
+  script = ("import json, sys, numpy as np, tensorflow as tf\n"
+            f"loaded = tf.saved_model.load({str(tmp_path)!r})\n"
+            f"init = tf.constant(np.array({INIT.tolist()!r}), tf.float32)\n"
+            "out = loaded.sample(init, tf.constant([3, 4]))\n"
+            "print(json.dumps({'samples': out.numpy().tolist(), 'ours': "
+            "[m for m in ('nuts', 'tfp_autobatch') if m in sys.modules]}))\n")
+  run = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                       text=True, check=True, cwd=str(tmp_path),
+                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  got = json.loads(run.stdout.strip().splitlines()[-1])
+  assert got["ours"] == []
+  np.testing.assert_allclose(got["samples"], want, rtol=1e-5, atol=1e-6)
