@@ -86,13 +86,11 @@ def no_write(stack, z, zeros=None):
     if key not in zeros:
       zeros[key] = make()
     return zeros[key]
-  def value(s):   # s: [depth, Z, ...]
-    if not s.shape[2:].is_fully_defined():   # alike only if known alike
-      return tf.zeros_like(s[0])
-    return shared((s.dtype, tuple(s.shape[1:])), lambda: tf.zeros_like(s[0]))
   return StackWrite(
       shared("row", lambda: tf.zeros([z], tf.int32)),
-      tf.nest.map_structure(value, stack),
+      tf.nest.map_structure(
+          lambda s: shared((s.dtype, tuple(s.shape[1:])),
+                           lambda: tf.zeros_like(s[0])), stack),
       shared("mask", lambda: tf.zeros([z], tf.bool)))
 
 
