@@ -69,6 +69,14 @@ def _is_exact(value):
   return isinstance(value, int)
 
 
+def _assigned_names(stmt):
+  """The names a straight-line statement (an assignment) assigns, each
+  once, in order."""
+  targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+  return list(dict.fromkeys(n for t in targets
+                            for n in name_analysis.target_names(t)))
+
+
 class FunctionConverter:
   """Builds the IR-1 function for one Python function."""
 
@@ -148,11 +156,9 @@ class FunctionConverter:
         if n in self.locals and n not in outs and n not in ins:
           ins.append(n)
           read_lines.append((n, stmt.lineno))
-      targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-      for t in targets:
-        for n in name_analysis.target_names(t):
-          if n not in outs:
-            outs.append(n)
+      for n in _assigned_names(stmt):
+        if n not in outs:
+          outs.append(n)
     self.ops.append(ir1.Primitive(
         tuple(outs), self.compile(stmts, ins, outs, tuple(read_lines)),
         tuple(ins)))
@@ -177,14 +183,11 @@ class FunctionConverter:
     body = []
     for stmt in stmts:
       body.append(stmt)
-      targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-      assigned = dict.fromkeys(n for t in targets
-                               for n in name_analysis.target_names(t))
       body.extend(ast.copy_location(ast.Assign(
           [ast.Name(n, ast.Store())],
           pyops.call("as_assigned", [ast.Constant(outs.index(n)),
                                      ast.Name(n, ast.Load())])), stmt)
-                  for n in assigned)
+                  for n in _assigned_names(stmt))
     inner = ast.FunctionDef(
         name=name,
         args=ast.arguments(posonlyargs=[], args=[ast.arg(i) for i in ins],
