@@ -128,7 +128,7 @@ def _no_gradient(num_results, message):
       return [None] * num_results + [
           _nan_like(g if isinstance(g, tf.Tensor) else op.inputs[i],
                     unsupported)
-          for i, g in enumerate(upstream) if i >= num_results]
+          for i, g in enumerate(upstream[num_results:], num_results)]
   return gradient
 
 
