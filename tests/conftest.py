@@ -1,6 +1,11 @@
-"""Shared pytest setup: quiet TensorFlow, make `tests/` importable, register marks."""
+"""Shared pytest setup: quiet TensorFlow, make `tests/` importable, register
+marks, and a fixture that runs a script in a fresh Python process."""
+import json
 import os
+import subprocess
 import sys
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # A primitive that pfor cannot vectorise is an error in tests, not a silent
@@ -21,3 +26,16 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "nightly: takes minutes; `make test` leaves it out, "
       "`make test-nightly` runs it")
+
+
+@pytest.fixture
+def fresh_python(tmp_path):
+  """`run(script)`: runs `script` in a new Python process (in `tmp_path`),
+  which imports only what the script does, and returns the JSON value its
+  last printed line holds."""
+  def run(script):
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                          text=True, check=True, cwd=str(tmp_path),
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+  return run

@@ -2,11 +2,7 @@
 import collections
 import copy
 import functools
-import json
-import os
 import pickle
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -686,7 +682,7 @@ class _Fib(tf.Module):
 
 @pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
 def test_a_saved_model_runs_where_tfp_autobatch_is_not_imported(
-    backend, tmp_path):
+    backend, tmp_path, fresh_python):
   # pc:xla's model failed to save: SavedModel traces each registered
   # gradient once, with no op, and the VM call's gradient read the op.
   tf.saved_model.save(_Fib(backend), str(tmp_path))
@@ -696,8 +692,4 @@ def test_a_saved_model_runs_where_tfp_autobatch_is_not_imported(
             "  out = loaded(tf.constant([5, 7, 10]))\n"
             "print(json.dumps({'out': out.numpy().tolist(), "
             "'imported': 'tfp_autobatch' in sys.modules}))\n")
-  run = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                       text=True, check=True,
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-  assert json.loads(run.stdout.strip().splitlines()[-1]) == {
-      "out": [5, 13, 55], "imported": False}
+  assert fresh_python(script) == {"out": [5, 13, 55], "imported": False}

@@ -5,11 +5,7 @@ floating-point tolerance: false-failure rate 0. The random-generator tests are
 statistical with fixed seeds; each states its false-failure rate.
 """
 import collections
-import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -744,7 +740,7 @@ class _SavedSampler(tf.Module):
 
 
 def test_a_saved_sampler_gives_the_same_samples_without_our_packages(
-    tmp_path):
+    tmp_path, fresh_python):
   # A tf.function calling pc:xla (the default) failed to save (the VM
   # call's gradient, which SavedModel traces). Loaded where neither nuts
   # nor tfp_autobatch is imported, the same seed gives the same samples.
@@ -758,9 +754,6 @@ def test_a_saved_sampler_gives_the_same_samples_without_our_packages(
             "out = loaded.sample(init, tf.constant([3, 4]))\n"
             "print(json.dumps({'samples': out.numpy().tolist(), 'ours': "
             "[m for m in ('nuts', 'tfp_autobatch') if m in sys.modules]}))\n")
-  run = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                       text=True, check=True, cwd=str(tmp_path),
-                       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-  got = json.loads(run.stdout.strip().splitlines()[-1])
+  got = fresh_python(script)
   assert got["ours"] == []
   np.testing.assert_allclose(got["samples"], want, rtol=1e-5, atol=1e-6)
