@@ -481,6 +481,30 @@ def test_threads_each_read_their_own_stats(backend):
   assert seen["long"][1].active_members == 64
 
 
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
+def test_stats_tensors_do_not_keep_a_traced_graph_alive(backend):
+  # `last_stats_tensors` (and the runtime's) held the traced call's tensors,
+  # and with them the caller's whole graph, until the next call.
+  import gc
+  import weakref
+  @tab.batch
+  def down(n):
+    while n > 0:
+      n = n - 1
+    return n
+  fn = tf.function(lambda n: down(n, backend=backend))
+  graph = fn.get_concrete_function(tf.constant([2, 3])).graph
+  tensors = down.last_stats_tensors
+  assert tensors["steps"].graph is graph   # readable while the graph lives
+  graph = weakref.ref(graph)
+  del fn, tensors
+  gc.collect()
+  assert graph() is None
+  assert down.last_stats_tensors is None
+  np.testing.assert_array_equal(down(np.array([1]), backend=backend), [0])
+  assert down.last_stats.steps >= 1
+
+
 def _count_down(n):
   if n <= 0:
     return n

@@ -185,8 +185,5 @@ def test_a_traced_pc_xla_call_does_not_keep_its_graph_alive():
     fn = tf.function(lambda x, c=offset: tree(x, DEPTH, backend="pc:xla") + c)
     graphs.append(weakref.ref(fn.get_concrete_function(tf.constant(X)).graph))
     del fn
-  # (`last_stats_tensors` holds the last traced call's tensors until the
-  # next call.)
-  tree(tf.constant(X), DEPTH, backend="pc:xla")
   gc.collect()
   assert [g() for g in graphs] == [None, None]

@@ -1,6 +1,28 @@
 """Statistics of one batched run."""
 import dataclasses
 import threading
+import weakref
+
+import tensorflow as tf
+
+# The graph collection that keeps alive the values `PerThread` holds of
+# that graph (a graph has no attributes of our own).
+_HELD_BY_GRAPH = "tfp_autobatch_per_thread_values"
+
+
+class _Held:
+  """A value kept alive by the graph its tensors belong to."""
+
+  def __init__(self, value):
+    self.value = value
+
+
+def _graph_of(value):
+  """The graph of the first symbolic tensor in `value`, or None."""
+  for x in tf.nest.flatten(value):
+    if tf.is_symbolic_tensor(x):
+      return x.graph
+  return None
 
 
 class PerThread:
@@ -8,7 +30,11 @@ class PerThread:
 
   A batched function and its runtimes are shared by the threads that call
   it; each thread reads the statistics of its own last run (one value for
-  all mixed the counts of runs in two threads)."""
+  all mixed the counts of runs in two threads).
+
+  A value holding a traced graph's tensors is held only as long as that
+  graph lives (None afterwards): the statistics of a call traced inside a
+  `tf.function` must not keep the function's graph alive."""
 
   def __set_name__(self, owner, name):
     self.name = name
@@ -16,9 +42,18 @@ class PerThread:
   def __get__(self, obj, owner=None):
     if obj is None:
       return self
-    return getattr(self._values(obj), self.name, None)
+    value = getattr(self._values(obj), self.name, None)
+    if isinstance(value, weakref.ref):
+      held = value()
+      return None if held is None else held.value
+    return value
 
   def __set__(self, obj, value):
+    graph = _graph_of(value)
+    if graph is not None:
+      held = _Held(value)
+      graph.add_to_collection(_HELD_BY_GRAPH, held)
+      value = weakref.ref(held)
     setattr(self._values(obj), self.name, value)
 
   ATTRIBUTE = "_per_thread_values"   # their holder's name on the object
