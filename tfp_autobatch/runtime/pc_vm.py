@@ -344,11 +344,40 @@ class PcVmRuntime:
     return {
         "registers": registers,
         "banks": banks,
-        "stacks": self._stacks.apply(stacks, writes, xla=self.mode == "xla"),
+        "stacks": self._apply_stack_writes(stacks, writes, nxt, dispatch,
+                                           eager),
         "counters": run_counters.after_step(
             state["counters"], nxt, self.program.halt, pc_top, pc_sp, rows,
             members if self._model_calls[dispatch.blocks] else None),
     }
+
+  def _apply_stack_writes(self, stacks, writes, nxt, dispatch, eager):
+    """The stacks after block `nxt` of `dispatch` wrote `writes`.
+
+    Under XLA every stack takes its write (a scatter in place; masked-off
+    rows are skipped). Elsewhere TensorFlow's scatter copies the whole
+    [D, Z, ...] stack, and a write that writes nothing still gathers and
+    writes back every row, so only the stacks that the block writes are
+    written: a conditional on the block for those some block of the
+    dispatch writes, nothing for the others (fib on 4,096 members under
+    `pc:graph` copied its three stacks every step)."""
+    xla = self.mode == "xla"
+    if xla or pfor_conditions.in_xla_context():
+      return self._stacks.apply(stacks, writes, xla=xla)
+    out = dict(stacks)
+    for name in self._stacks.names:
+      writers = [i for i in dispatch.blocks
+                 if name in self._pushed_stacks(self.program.blocks[i])]
+      def apply(name=name):
+        return stack_banks.apply_stack_write(stacks[name], writes[name])
+      if eager:
+        if nxt in writers:
+          out[name] = apply()
+      elif writers:
+        writes_it = tf.gather(tf.constant(
+            [i in writers for i in range(self.program.halt)]), nxt)
+        out[name] = tf.cond(writes_it, apply, lambda name=name: stacks[name])
+    return out
 
   def _no_block(self, state, dispatch):
     """What a block of `dispatch` that changes nothing returns: the packed
@@ -482,6 +511,13 @@ class PcVmRuntime:
     after, writes, rows, members = self._runner.run(
         index, self.program.blocks[index], before,
         lambda v: self._stacks.view(stacks, v))
+    # The loop writes only the stacks `_pushed_stacks` names (see
+    # `_apply_stack_writes`; under XLA their banks are sized by it).
+    unplanned = set(writes) - self._pushed_stacks(self.program.blocks[index])
+    if unplanned:
+      raise errors.IRError(
+          f"{self._labels[index]}: writes stacks {sorted(unplanned)} that "
+          "the VM did not plan for")
     # Every block returns the same writes (switch_case branches must
     # agree): the stacks it does not write get masked-off ones.
     dispatch = self._dispatch_of[index]
