@@ -27,17 +27,28 @@ import tensorflow as tf
 
 from tfp_autobatch import errors
 from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.runtime import pfor_conditions
 
 # `stack[row[i], i] = value[i]` where `mask[i]`, applied after a block.
 StackWrite = collections.namedtuple("StackWrite", ["row", "value", "mask"])
 
 
-def _index(stack, sp):
-  """Gather/scatter indices of `(sp[i], i)`, sp clipped into the stack."""
-  depth = batch_state.size(tf.nest.flatten(stack)[0])
-  sp = tf.clip_by_value(sp, 0, depth - 1)
-  return tf.stack([sp, batch_state.row_indices(batch_state.size(sp))],
-                  axis=1)
+def _flat_rows(depth, sp):
+  """Rows `sp[i] * Z + i` of a [D, Z, ...] stack seen as [D * Z, ...] (see
+  `_as_rows`), `sp` clipped into the stack.
+
+  One row index per member, where `tf.gather_nd` needs a [Z, 2] index
+  built with a stack of two vectors: TensorFlow's CPU kernel copies that
+  element by element (120 us of a 1.5 ms `pc:graph` step on 4,096
+  members, the gather_nd 50 us more)."""
+  z = batch_state.size(sp)
+  return (tf.clip_by_value(sp, 0, depth - 1) * z
+          + batch_state.row_indices(z))
+
+
+def _as_rows(s):
+  """A [D, Z, ...] stack as [D * Z, ...] (event shapes are static)."""
+  return tf.reshape(s, [-1] + s.shape[2:].as_list())
 
 
 def _row_or_skip(write, depth):
@@ -49,8 +60,16 @@ def _row_or_skip(write, depth):
 
 def rows_at(stack, sp):
   """`stack[sp[i], i]` for each row i, per leaf."""
-  idx = _index(stack, sp)
-  return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
+  depth = batch_state.size(tf.nest.flatten(stack)[0])
+  if pfor_conditions.in_xla_context():
+    # XLA fuses a bank's static slice (`StackBanks.view`) into this gather.
+    sp = tf.clip_by_value(sp, 0, depth - 1)
+    idx = tf.stack([sp, batch_state.row_indices(batch_state.size(sp))],
+                   axis=1)
+    return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
+  rows = _flat_rows(depth, sp)
+  return tf.nest.map_structure(lambda s: tf.gather(_as_rows(s), rows),
+                               stack)
 
 
 def apply_stack_write(stack, write, xla=False):
@@ -65,11 +84,12 @@ def apply_stack_write(stack, write, xla=False):
     return tf.nest.map_structure(
         lambda s, v: tf.tensor_scatter_nd_update(s, idx, v), stack,
         write.value)
-  idx = _index(stack, write.row)
+  rows = _flat_rows(batch_state.size(tf.nest.flatten(stack)[0]), write.row)
   def leaf(s, v):
-    old = tf.gather_nd(s, idx)
-    return tf.tensor_scatter_nd_update(
-        s, idx, batch_state.where(write.mask, v, old))
+    flat = _as_rows(s)
+    new = batch_state.where(write.mask, v, tf.gather(flat, rows))
+    return tf.reshape(
+        tf.tensor_scatter_nd_update(flat, rows[:, None], new), tf.shape(s))
   return tf.nest.map_structure(leaf, stack, write.value)
 
 
