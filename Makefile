@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make demo` and `make test`.
-# Both create (or reuse) .venv and install everything from setup.py.
+# Both create (or reuse) .venv and install the package with its test and
+# bench extras from setup.py (the stan extra is left out).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
