@@ -505,6 +505,28 @@ def test_stats_tensors_do_not_keep_a_traced_graph_alive(backend):
   assert down.last_stats.steps >= 1
 
 
+def test_stats_tensors_do_not_keep_a_traced_graph_alive_through_a_function():
+  # A tf.function traced inside the caller's graph after the call (here a
+  # module-level one, which outlives that graph) copies the graph's
+  # collections: the statistics held there kept the graph alive for good.
+  import gc
+  import weakref
+  @tab.batch
+  def down(n):
+    while n > 0:
+      n = n - 1
+    return n
+  @tf.function
+  def helper(x):
+    return x + 1
+  fn = tf.function(lambda n: helper(down(n, backend="pc:graph")))
+  graph = weakref.ref(fn.get_concrete_function(tf.constant([2, 3])).graph)
+  del fn
+  gc.collect()
+  assert graph() is None
+  assert helper(tf.constant(1)).numpy() == 2
+
+
 def _count_down(n):
   if n <= 0:
     return n

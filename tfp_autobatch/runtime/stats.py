@@ -5,9 +5,12 @@ import weakref
 
 import tensorflow as tf
 
-# The graph collection that keeps alive the values `PerThread` holds of
-# that graph (a graph has no attributes of our own).
-_HELD_BY_GRAPH = "tfp_autobatch_per_thread_values"
+# The attribute of a graph that keeps alive the values `PerThread` holds
+# of that graph. Not a graph collection: a `tf.function` traced inside the
+# graph copies the graph's collections into its own, and a function that
+# outlives the graph (a module-level `tf.function`, a runtime's cached
+# trace) kept the graph alive through them.
+_HELD_BY_GRAPH = "_tfp_autobatch_per_thread_values"
 
 
 class _Held:
@@ -52,7 +55,9 @@ class PerThread:
     graph = _graph_of(value)
     if graph is not None:
       held = _Held(value)
-      graph.add_to_collection(_HELD_BY_GRAPH, held)
+      if getattr(graph, _HELD_BY_GRAPH, None) is None:
+        setattr(graph, _HELD_BY_GRAPH, [])
+      getattr(graph, _HELD_BY_GRAPH).append(held)
       value = weakref.ref(held)
     setattr(self._values(obj), self.name, value)
 
