@@ -56,10 +56,11 @@ class Schedule:
       counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
     else:
       # TensorFlow builds the [Z, blocks] one-hot (100 us of a 1.4 ms
-      # `pc:graph` step on 4,096 members); the halted members' label is
-      # past `maxlength`, so not counted.
-      counts = tf.math.bincount(pc_top, minlength=halt, maxlength=halt,
-                                dtype=tf.int32)
+      # `pc:graph` step on 4,096 members). An integer segment sum, not
+      # bincount, which TF refuses on a GPU under op determinism; the
+      # halted members' segment is dropped.
+      counts = tf.math.unsorted_segment_sum(
+          tf.ones_like(pc_top), pc_top, halt + 1)[:halt]
     most = tf.reduce_max(counts)
     if self._model_blocks is not None:
       # Blocks that call a @batched_primitive (the model: the expensive
