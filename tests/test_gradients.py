@@ -1,5 +1,7 @@
 """Gradients through batched functions: right where a backend can take
 them, a clear error where XLA compiles the VM."""
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -51,40 +53,75 @@ def expected_gradients():
   return np.array(dx), dw
 
 
-def gradients(backend):
+TAPES = ["single", "persistent", "nested"]
+
+
+@contextlib.contextmanager
+def recording(tapes):
+  """Tapes recording within: one ("single"), one persistent, or two, one
+  inside the other ("nested"); yields them, the innermost first."""
+  with contextlib.ExitStack() as stack:
+    yield [stack.enter_context(tf.GradientTape(
+        persistent=tapes == "persistent"))
+           for _ in range(2 if tapes == "nested" else 1)][::-1]
+
+
+def gradients(backend, tapes="single"):
+  """The gradients of the tree's sum with respect to X and WEIGHT, as
+  each tape of `recording(tapes)` gives them (the innermost first)."""
   x = tf.constant(X)
-  with tf.GradientTape() as tape:
-    tape.watch(x)
+  with recording(tapes) as recorders:
+    for tape in recorders:
+      tape.watch(x)
     total = tf.reduce_sum(tree(x, DEPTH, backend=backend))
-  g_x, g_w = tape.gradient(total, [x, WEIGHT])
-  return tf.convert_to_tensor(g_x), g_w
+  found = []
+  for tape in recorders:
+    g_x, g_w = tape.gradient(total, [x, WEIGHT])
+    found.append((tf.convert_to_tensor(g_x), g_w))
+  return found
 
 
 @pytest.mark.parametrize("backend", ["local:eager", "local:eager_xla",
                                      "pc:eager", "pc:graph"])
 def test_gradients_match_the_unbatched_program(backend):
   dx, dw = expected_gradients()
-  got_dx, got_dw = gradients(backend)
+  [(got_dx, got_dw)] = gradients(backend)
   np.testing.assert_allclose(got_dx, dx, rtol=1e-10)
   np.testing.assert_allclose(got_dw, dw, rtol=1e-10)
 
 
 def test_gradients_through_pc_graph_inside_tf_function():
   dx, dw = expected_gradients()
-  got_dx, got_dw = tf.function(lambda: gradients("pc:graph"))()
+  [(got_dx, got_dw)] = tf.function(lambda: gradients("pc:graph"))()
   np.testing.assert_allclose(got_dx, dx, rtol=1e-10)
   np.testing.assert_allclose(got_dw, dw, rtol=1e-10)
 
 
+@pytest.mark.parametrize("tapes", ["persistent", "nested"])
+@pytest.mark.parametrize("where", ["eager", "tf.function"])
+def test_pc_graph_gradients_under_a_persistent_or_nested_tape(where, tapes):
+  # Where pc:graph differentiates, it does so for every tape recording it
+  # (pins that tracing its VM apart from the tapes under XLA left these
+  # alone: here the tapes must record the VM's ops).
+  dx, dw = expected_gradients()
+  wrap = tf.function if where == "tf.function" else lambda f: f
+  found = wrap(lambda: gradients("pc:graph", tapes))()
+  assert len(found) == (2 if tapes == "nested" else 1)
+  for got_dx, got_dw in found:
+    np.testing.assert_allclose(got_dx, dx, rtol=1e-10)
+    np.testing.assert_allclose(got_dw, dw, rtol=1e-10)
+
+
+@pytest.mark.parametrize("tapes", TAPES)
 @pytest.mark.parametrize("where", ["eager", "tf.function", "jit_compile"])
-def test_no_gradient_through_xla_is_a_clear_error(where):
+def test_no_gradient_through_xla_is_a_clear_error(where, tapes):
   # pc:xla had no gradient (an XlaScatter without one: a LookupError), and
   # pc:graph under the user's XLA failed inside XLA's compiler.
   backend = "pc:graph" if where == "jit_compile" else "pc:xla"
   wrap = {"eager": lambda f: f, "tf.function": tf.function,
           "jit_compile": lambda f: tf.function(f, jit_compile=True)}[where]
   with pytest.raises(tab.AutobatchError, match="not differentiable"):
-    wrap(lambda: gradients(backend))()
+    wrap(lambda: gradients(backend, tapes))()
 
 
 def test_no_gradient_through_xla_with_respect_to_a_variable_it_reads():
@@ -96,30 +133,37 @@ def test_no_gradient_through_xla_with_respect_to_a_variable_it_reads():
     tape.gradient(total, WEIGHT)
 
 
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("where", ["eager", "tf.function", "jit_compile",
-                                   "jit_compile while_loop"])
-def test_pc_xla_runs_forward_under_a_tape(where, persistent):
+@pytest.mark.parametrize("tapes", TAPES)
+@pytest.mark.parametrize("backend, where", [
+    ("pc:xla", "eager"), ("pc:xla", "tf.function"), ("pc:xla", "jit_compile"),
+    ("pc:xla", "jit_compile while_loop"), ("pc:graph", "jit_compile"),
+    ("pc:graph", "jit_compile while_loop")])
+def test_a_vm_that_xla_compiles_runs_forward_under_tapes(backend, where, tapes):
   # A tape that watched a variable the VM reads used to make the forward
   # call itself fail: a recorded call builds its backward function at
   # once, also for a user's tf.function an eager tape records, and a
   # persistent tape met the VM's trace too. A fresh function, so that its
-  # first call (the trace) is under the tape.
+  # first call (the trace) is under the tapes. pc:graph inside the user's
+  # jit_compile traced its VM in place, under a persistent tape or two
+  # tapes, which had TensorFlow wrap its loop for their higher-order
+  # gradients, with accumulators that XLA cannot size: the forward call
+  # failed ("XLA compilation requires a fixed tensor list size").
   fresh = tab.batch(tree.python_function)
-  call = lambda x: fresh(x, DEPTH, backend="pc:xla")
+  call = lambda x: fresh(x, DEPTH, backend=backend)
   if where == "jit_compile":   # as the NUTS kernel compiles its step
     call = tf.function(call, jit_compile=True)
   if where == "jit_compile while_loop":
     # The backward function read the VM's result in the loop, which made
     # the forward loop accumulate it, which XLA cannot compile unbounded:
-    # the forward call failed.
-    once = call
+    # the forward call failed. (pc:graph's results have an unknown batch
+    # size: its one trace serves every size.)
+    once = lambda y, vm=call: tf.ensure_shape(vm(y), y.shape)
     call = tf.function(lambda x: tf.while_loop(
         lambda i, y: i < 1, lambda i, y: (i + 1, once(y)), (0, x))[1],
                        jit_compile=True)
   if where != "eager":
     call = tf.function(call)
-  with tf.GradientTape(persistent=persistent) as tape:
+  with recording(tapes) as recorders:
     y = call(tf.constant(X))
     loss = 2. * WEIGHT + tf.reduce_sum(y)
   np.testing.assert_allclose(
@@ -129,8 +173,63 @@ def test_pc_xla_runs_forward_under_a_tape(where, persistent):
   # drops assertions, when it compiles (the gradient was NaN).
   error = (tab.AutobatchError if where == "eager"
            else tf.errors.InvalidArgumentError)
-  with pytest.raises(error, match="not.differentiable"):
-    tape.gradient(loss, WEIGHT)
+  for tape in recorders:
+    with pytest.raises(error, match="not.differentiable"):
+      tape.gradient(loss, WEIGHT)
+
+
+@tab.batch
+def shrink(x):
+  while x > 1.:
+    x = x * 0.5 * WEIGHT
+  return x
+
+
+@pytest.mark.parametrize("tapes", TAPES)
+def test_pc_graph_in_jit_compile_runs_a_while_loop_forward_under_tapes(tapes):
+  # A data-dependent loop that reads a variable in single-example code
+  # (the previous test's VM has its loop too, but reads the variable in a
+  # batched primitive): the program the failure was first met with.
+  fresh = tab.batch(shrink.python_function)
+  call = tf.function(lambda x: fresh(x, backend="pc:graph"),
+                     jit_compile=True)
+  x = tf.constant([3., 50., 0.5, 7.], tf.float64)
+  with recording(tapes) as recorders:
+    for tape in recorders:
+      tape.watch(x)
+    y = call(x)
+  np.testing.assert_allclose(y, shrink(x, backend="pc:graph"), rtol=1e-12)
+  for tape in recorders:
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="not.differentiable"):
+      tape.gradient(y, x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tapes", TAPES)
+def test_nuts_on_pc_graph_in_jit_compile_samples_under_tapes(tapes):
+  # The NUTS kernel's step, compiled by the user's XLA on pc:graph under
+  # a persistent tape, gave no result after minutes, at over 10 GB of
+  # memory (the tape had TensorFlow wrap the VM's loop for higher-order
+  # gradients, as in the tests above). `tf.stop_gradient` on the samples,
+  # as the README says: without it TFP's own kernels fail too (the
+  # gradient of `sample_chain`'s loop cannot be compiled by XLA).
+  import nuts   # pylint: disable=g-import-not-at-top
+  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
+  scale = tf.Variable(1.5, dtype=tf.float64)
+  def log_prob(q):
+    return -0.5 * tf.reduce_sum(tf.square(q / scale), -1)
+  init = tf.constant(np.random.default_rng(2).normal(size=(4, 3)))
+  def sampler(backend):
+    kernel = nuts.NoUTurnSampler(log_prob, 0.3, max_tree_depth=3,
+                                 backend=backend)
+    return tf.function(lambda q: tf.stop_gradient(tfp.mcmc.sample_chain(
+        2, q, kernel=kernel, trace_fn=None, seed=[1, 2])), jit_compile=True)
+  with recording(tapes):
+    got = sampler("pc:graph")(init)
+  # Against pc:xla, also under XLA: TensorFlow's stateless random draws
+  # differ there from the draws outside XLA, for TFP's kernels too.
+  np.testing.assert_allclose(got, sampler("pc:xla")(init), rtol=1e-10)
 
 
 @tf.custom_gradient

@@ -559,6 +559,26 @@ def test_pc_graph_tf_cond_inside_a_user_xla_function():
         tf.function(run, jit_compile=jit_compile)(x, k), want)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_pc_graph_tf_cond_inside_a_user_xla_function_under_a_tape(
+    persistent):
+  # Under a tape, pc:graph in the user's jit_compile traces its VM in a
+  # thread of its own, apart from the tapes (a persistent tape made the
+  # VM's forward call fail: test_gradients.py); traced there, it must
+  # still vectorise the conditionals as selects, which XLA can compile.
+  # A fresh function, so that its first trace is under the tape.
+  fresh = tab.batch(_tf_conditionals.python_function)
+  x = tf.constant([1., -1., 2., 0.6], tf.float32)
+  k = tf.constant([0, 1, 2, 2], tf.int32)
+  want = _tf_conditionals(x, k, backend="local:eager")
+  run = tf.function(lambda x, k: fresh(x, k, backend="pc:graph"),
+                    jit_compile=True)
+  with tf.GradientTape(persistent=persistent) as tape:
+    tape.watch(x)
+    got = run(x, k)
+  np.testing.assert_allclose(got, want)
+
+
 def test_selects_for_conditions_leave_pfor_as_it_was():
   from tensorflow.python.ops.parallel_for import pfor  # pylint: disable=g-direct-tensorflow-import
   registry = pfor._pfor_converter_registry  # pylint: disable=protected-access

@@ -39,20 +39,19 @@ _registered = set()   # the gradient names registered (`_gradient_name`)
 _registering = threading.Lock()
 
 
-def call(vm, traced, args, message):
+def call(vm, args, message):
   """`vm(*args)` with no gradient: the error `message` (see the module
-  docstring). `traced`: `vm` is a concrete function, called with the
-  tapes stopped (a tape recording it would build its backward function at
-  once, which fails) and its variables reported to them, so that a
-  gradient with respect to one is the error too, not None. Otherwise
-  `vm` traces in place, under the tapes (stopping them would stop the
-  traced code's own, a batched primitive's gradient)."""
+  docstring). `vm` is a concrete function (traced apart from the tapes,
+  `PcVmRuntime._concrete_for`), called with the tapes stopped (a tape
+  recording it would build its backward function at once, which fails)
+  and its variables reported to them, so that a gradient with respect to
+  one is the error too, not None."""
   flat_args = [tf.convert_to_tensor(x) for x in tf.nest.flatten(args)]
   inputs = tf.nest.pack_sequence_as(args, flat_args)
   if tf.executing_eagerly():
-    return _eager_call(vm, traced, inputs, flat_args, message)
+    return _eager_call(vm, inputs, flat_args, message)
   with record.VariableWatcher() as watcher:
-    outs = _forward(vm, traced, inputs)
+    outs = _forward(vm, inputs)
   variables = sorted(watcher.watched_variables(), key=lambda v: v.name)
   flat_outs = tf.nest.flatten(outs)
   ends = flat_outs + flat_args + [tf.convert_to_tensor(v) for v in variables]
@@ -84,9 +83,7 @@ def _gradient_name(num_results, message, ends):
   return name
 
 
-def _forward(vm, traced, inputs):
-  if not traced:
-    return vm(*inputs)
+def _forward(vm, inputs):
   with record.stop_recording():
     outs = vm(*inputs)
   for variable in vm.variables:
@@ -94,14 +91,14 @@ def _forward(vm, traced, inputs):
   return outs
 
 
-def _eager_call(vm, traced, inputs, flat_args, message):
+def _eager_call(vm, inputs, flat_args, message):
   """Eagerly, a `tf.custom_gradient` (which registers nothing globally)."""
   @tf.custom_gradient
   def without_gradient(*unused_flat_args):
     def no_gradient(*unused_upstream, variables=None):
       del variables
       raise errors.AutobatchError(message)
-    return _forward(vm, traced, inputs), no_gradient
+    return _forward(vm, inputs), no_gradient
   return without_gradient(*flat_args)
 
 

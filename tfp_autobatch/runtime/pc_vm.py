@@ -131,17 +131,17 @@ class PcVmRuntime:
         result, overflow, counters = self._execute(args, eager=True)
     else:
       eager = tf.executing_eagerly()
-      # A traced function to call: eagerly and under pc:xla (see
-      # `_concrete_for`); pc:graph in a graph traces in it (in the user's
-      # XLA context, if any).
-      traced = eager or self.mode == "xla"
-      vm = self._concrete_for(args) if traced else self.compiled_for(args)
       compiled_by_xla = self.mode == "xla" or (
           not eager and pfor_conditions.in_xla_context())
+      # A traced function to call: eagerly and wherever XLA compiles the
+      # VM (see `_concrete_for`); pc:graph in a graph without XLA traces in
+      # it, under the tapes, which then differentiate through the VM.
+      traced = eager or compiled_by_xla
+      vm = self._concrete_for(args) if traced else self.compiled_for(args)
       # (Eagerly only while a tape records: the wrapper costs an eager
       # call about 0.15 ms.)
       if compiled_by_xla and (not eager or record.could_possibly_record()):
-        vm = functools.partial(self._without_gradient, vm, traced)
+        vm = functools.partial(self._without_gradient, vm)
       result, overflow, counters = vm(*args)
     message = (f"stack depth exceeded: recursion went deeper than "
                f"max_stack_depth={self.depth}; raise max_stack_depth=... in "
@@ -161,13 +161,13 @@ class PcVmRuntime:
     with tf.control_dependencies([check]):
       return tf.nest.map_structure(tf.identity, result)
 
-  def _without_gradient(self, vm, traced, *args):
+  def _without_gradient(self, vm, *args):
     """`vm(*args)` for a VM compiled by XLA, which has no gradient:
     runs forward under tapes, a gradient is a clear error
     (`no_gradient`)."""
     mode = "pc:xla" if self.mode == "xla" else (
         "pc:graph inside tf.function(jit_compile=True)")
-    return no_gradient.call(vm, traced, args, (
+    return no_gradient.call(vm, args, (
         f"tfp_autobatch: {mode} is not differentiable (XLA compiles "
         "the VM's loop and its in-place writes, which have no "
         "gradient); take gradients through backend='pc:graph' (in a "
@@ -189,7 +189,8 @@ class PcVmRuntime:
     (inside a caller's `tf.function` with unknown shapes) gets the
     unknown-size trace. `pc:graph` inside a caller's
     `tf.function(jit_compile=True)` gets a trace of its own, which XLA can
-    compile (`pfor_conditions`).
+    compile (`pfor_conditions`), and which is called as pc:xla's is
+    (`_concrete_for`).
     """
     size = None
     leaves = tf.nest.flatten(args)
@@ -203,16 +204,26 @@ class PcVmRuntime:
                                          self.program.types[v])
                    for v in self.program.params]
       # A partial: TF's retracing detector would count all VMs as one
-      # function.
+      # function. pc:graph's trace for the user's XLA has `jit_compile`
+      # too, so that traced in a thread of its own (`_concrete_for`) it
+      # is still traced in an XLA context (`pfor_conditions`).
       compiled = self._compiled[key] = tf.function(
-          functools.partial(self._traced), jit_compile=self.mode == "xla",
+          functools.partial(self._traced),
+          jit_compile=self.mode == "xla" or key[1],
           input_signature=signature, autograph=False)
     return compiled
 
   def _concrete_for(self, args):
-    """`compiled_for(args)`'s concrete function, for eager calls, and for
-    pc:xla's in a graph (traced apart from the tapes recording there,
-    which a trace under them would meet; see `_traced_without_tapes`).
+    """`compiled_for(args)`'s concrete function, for eager calls, and in
+    a graph wherever XLA compiles the VM (pc:xla, and pc:graph inside the
+    caller's `jit_compile`): traced apart from the tapes recording there,
+    which a trace under them would meet (see `_traced_without_tapes`).
+    pc:graph used to trace in place under the caller's tapes: a persistent
+    tape, or two tapes, had TensorFlow wrap the VM's `tf.while_loop` for
+    their higher-order gradients, with accumulators that XLA cannot size,
+    and the forward call failed ("XLA compilation requires a fixed tensor
+    list size"; a NUTS step gave no result after minutes, at over 10 GB
+    of memory).
 
     Calling a `tf.function` binds and checks its arguments against its
     signature and looks up its trace on every call; calling the trace (its
