@@ -267,6 +267,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     stops XLA from compiling it then)."""
     if not chain_rank:
       return
+    # With no chains (a batch of size 0, which sample_chain runs as
+    # tfp.mcmc.NoUTurnSampler does) there is no chain to call it on: given
+    # the empty batch, the target rightly returns no value.
+    num_chains = parts[0].shape[:chain_rank].num_elements()
+    if num_chains == 0:
+      return
     one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
            for p in parts]
     logp_one = self._call_target(one, is_list)
@@ -277,12 +283,15 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         "returned shape {} instead of [1]. A target with parameters per "
         "chain (ReplicaExchangeMC's tempered targets, a parameter with a "
         "chain dimension) needs tfp.mcmc.NoUTurnSampler")
-    if logp_one.shape.is_fully_defined():
-      if logp_one.shape != [1]:
-        raise ValueError(message.format(logp_one.shape.as_list()))
+    if logp_one.shape == [1]:
       return
-    tf.debugging.assert_equal(tf.size(logp_one), 1,
-                              message=message.format("other"))
+    if logp_one.shape.is_fully_defined() and (num_chains is not None
+                                              or logp_one.shape != [0]):
+      raise ValueError(message.format(logp_one.shape.as_list()))
+    tf.debugging.assert_equal(
+        tf.size(logp_one),
+        tf.minimum(tf.reduce_prod(tf.shape(parts[0])[:chain_rank]), 1),
+        message=message.format("other"))
 
   def _program(self, layout):
     """The batched NUTS program for a state layout (built once, cached)."""

@@ -445,6 +445,25 @@ def test_a_target_with_parameters_per_chain_is_a_clear_error():
     tf.function(lambda: kernel.bootstrap_results(tf.constant(INIT)))()
 
 
+def test_no_chains_sample_as_with_tfp_nuts():
+  # A batch of zero chains (an empty [0, 3] state) samples nothing, as
+  # with tfp.mcmc.NoUTurnSampler; the check that the target treats the
+  # chains alike called it on the empty batch and raised that it returned
+  # shape [0] instead of [1] (eagerly, and as an assertion when the
+  # number of chains is known only when the graph runs).
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.4, max_tree_depth=3,
+                               backend=EAGER)
+  none = tf.zeros([0, 3], tf.float64)
+  draws, leapfrogs = tfp.mcmc.sample_chain(
+      2, none, kernel=kernel, trace_fn=lambda _, r: r.leapfrogs_taken,
+      seed=(1, 2))
+  assert draws.shape == (2, 0, 3) and leapfrogs.shape == (2, 0)
+  bootstrap = tf.function(kernel.bootstrap_results, input_signature=[
+      tf.TensorSpec([None, 3], tf.float64)])
+  assert bootstrap(none).target_log_prob.shape == (0,)
+  assert bootstrap(tf.constant(INIT)).target_log_prob.shape == (4,)
+
+
 def test_unknown_event_dimensions_when_traced_are_a_clear_error():
   kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.1, backend="pc:graph")
 
