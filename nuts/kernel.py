@@ -22,6 +22,7 @@ and the batched program checks every call's rows.
 """
 import collections
 import numbers
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -170,6 +171,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # on such states, by this kernel or a copy of it with the same settings
     # (a wrapper's copy with another target; shared, as the stats are).
     self._ran_programs = {}
+    # State layouts whose target was checked to compile with XLA (pc:xla).
+    self._xla_checked = set()
 
   # -- properties -------------------------------------------------------------
 
@@ -405,6 +408,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       structure.
     """
     seed = tfp.random.sanitize_seed(seed)
+    if self.backend == "pc:xla":
+      self._check_target_compiles(current_state, previous_kernel_results)
     if self.backend == "pc:xla" and not tf.executing_eagerly():
       # Traced into a caller's graph, the whole step is one XLA computation:
       # otherwise the state's flattening, the chains' seeds and the results
@@ -418,6 +423,47 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       return self._compiled_step(current_state, previous_kernel_results,
                                  seed)
     return self._one_step(current_state, previous_kernel_results, seed)
+
+  def _check_target_compiles(self, current_state, kernel_results):
+    """Raises a ValueError if XLA cannot compile the target's log density
+    and gradient (tf.numpy_function, string ops, ...). pc:xla compiles
+    every step, the target with it, even in a plain tf.function or
+    eagerly, where tfp.mcmc.NoUTurnSampler compiles nothing: unchecked,
+    the step failed with XLA's error about the VM's blocks, thousands of
+    lines long. Checked once per state layout by lowering the target alone
+    (one chain) to HLO, which is quick; other failures (a target that
+    captures the caller's graph tensors cannot be lowered alone) are left
+    to the step itself."""
+    parts, is_list = _as_parts(current_state)
+    chain_ndims, layout = _layout(parts, is_list, kernel_results)
+    key = (layout, parts[0].dtype)
+    if key in self._xla_checked:
+      return
+    specs = [tf.TensorSpec([1] + list(p.shape[chain_ndims:]), p.dtype)
+             for p in parts]
+    target = tf.function(lambda *xs: self._value_and_grads(list(xs), is_list),
+                         jit_compile=True, autograph=False)
+    try:
+      # Traced here (init_scope pauses gradient tapes), lowered outside the
+      # caller's graph: given specs, the lowering makes inputs with random
+      # ops, which would otherwise run at every step.
+      target.get_concrete_function(*specs)
+      with tf.init_scope():
+        target.experimental_get_compiler_ir(*specs)(stage="hlo")
+    except Exception as e:  # pylint: disable=broad-except
+      if "Detected unsupported operations" not in str(e):
+        self._xla_checked.add(key)
+        return
+      ops = sorted(set(re.findall(r"(\w+) \(No registered '", str(e))))
+      raise ValueError(
+          "target_log_prob_fn uses operations that XLA cannot compile "
+          f"({', '.join(ops) or 'see the error below'}). "
+          "backend='pc:xla', the default, compiles every NUTS step with "
+          "XLA, the target with it, even where your tf.function does not "
+          "ask for jit_compile (tfp.mcmc.NoUTurnSampler does not): pass "
+          "backend='pc:graph', or write the target with operations XLA "
+          "has") from e
+    self._xla_checked.add(key)
 
   def batched_program(self, current_state, kernel_results):
     """The `@tab.batch` function that `one_step` runs on states like

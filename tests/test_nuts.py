@@ -332,6 +332,23 @@ def test_local_backend_says_so_when_traced(fused_kernel):
     tf.function(lambda: fused_kernel.one_step(init, results, seed=[1, 2]))()
 
 
+def test_a_target_xla_cannot_compile_on_pc_xla_is_a_clear_error():
+  # pc:xla (the default) compiles each step, the target with it, even in a
+  # plain tf.function, where tfp.mcmc.NoUTurnSampler runs such a target.
+  # The step failed with XLA's error about the VM's blocks; it now names
+  # the operation and says to use pc:graph, eagerly and traced.
+  def target(x):
+    copy = tf.numpy_function(lambda a: a, [x], x.dtype, stateful=False)
+    return gaussian_log_prob(x) + 0. * tf.reduce_sum(copy)
+  kernel = nuts.NoUTurnSampler(target, 0.4, max_tree_depth=3)
+  init = tf.constant(INIT)
+  results = kernel.bootstrap_results(init)
+  for step in (kernel.one_step, tf.function(kernel.one_step)):
+    with pytest.raises(ValueError, match=r"XLA cannot compile "
+                       r"\(PyFuncStateless\).*backend='pc:graph'"):
+      step(init, results, seed=[1, 2])
+
+
 def test_traced_pc_xla_step_is_one_xla_computation():
   """In a caller's plain tf.function, pc:xla's one_step is one XLA-compiled
   call: the flattening and the results around the batched program are not
