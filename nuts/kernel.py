@@ -146,7 +146,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       raise ValueError("max_energy_diff must be a positive number (a "
                        "Python number or a constant scalar tensor), got "
                        f"{max_energy_diff!r}")
-    if experimental_shard_axis_names is not None:
+    if any(n is not None
+           for n in tf.nest.flatten(experimental_shard_axis_names)):
       raise NotImplementedError(
           "nuts.NoUTurnSampler does not support sharded chains "
           "(experimental_shard_axis_names); leave it None")
@@ -191,6 +192,14 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     copied._last_run_stats = self._last_run_stats   # pylint: disable=protected-access
     copied._ran_programs = self._ran_programs   # pylint: disable=protected-access
     return copied
+
+  def experimental_with_shard_axes(self, shard_axis_names):
+    """A copy with these shard axis names, as `tfp.mcmc.NoUTurnSampler`'s
+    (`TransformedTransitionKernel` passes them on): sharded state parts are
+    not supported, so names other than None raise NotImplementedError. (The
+    base class's returned the kernel unchanged: the names were dropped
+    silently.)"""
+    return self.copy(experimental_shard_axis_names=shard_axis_names)
 
   @property
   def parameters(self):

@@ -560,6 +560,12 @@ def test_tfp_keyword_arguments_are_taken():
   with pytest.raises(NotImplementedError, match="sharded"):
     nuts.NoUTurnSampler(gaussian_log_prob, 0.1,
                         experimental_shard_axis_names=["chains"])
+  # Nor through experimental_with_shard_axes, which returned the kernel
+  # unchanged, dropping the names silently (here as a wrapper passes them).
+  wrapped = tfp.mcmc.TransformedTransitionKernel(kernel, tfb.Identity())
+  with pytest.raises(NotImplementedError, match="sharded"):
+    wrapped.experimental_with_shard_axes(["chains"])
+  assert kernel.experimental_with_shard_axes([None]).parallel_iterations == 4
 
 
 def test_max_energy_diff_decides_divergence():
