@@ -287,7 +287,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       return
     one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
            for p in parts]
-    logp_one = self._call_target(one, is_list)
+    try:
+      logp_one = self._call_target(one, is_list)
+    except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
+      # E.g. a tf.function whose input_signature fixes the chain count.
+      raise ValueError(
+          "target_log_prob_fn failed on one chain's state (shapes "
+          f"{[x.shape.as_list() for x in one]}): this kernel calls it on "
+          "the chains still running, any number of them, so it must take "
+          "any number of chains (a tf.function input_signature must leave "
+          f"the chain dimension None). It raised: {e}") from e
     message = (
         "target_log_prob_fn must treat the chains alike, each chain's log "
         "density from its own state alone: this kernel calls it on the "

@@ -453,6 +453,16 @@ def test_a_target_with_parameters_per_chain_is_a_clear_error():
   kernel = nuts.NoUTurnSampler(per_chain, 0.1, backend=EAGER)
   with pytest.raises(ValueError, match=r"treat the chains alike.*shape \[4\]"):
     kernel.bootstrap_results(tf.constant(INIT))
+  # A target that takes only the full batch (a tf.function whose
+  # input_signature fixes the chain count, which tfp.mcmc.NoUTurnSampler
+  # runs) failed with tf.function's error binding a [1, 3] input, which
+  # did not say why the kernel called it on one chain.
+  fixed = tf.function(gaussian_log_prob,
+                      input_signature=[tf.TensorSpec([4, 3], tf.float64)])
+  kernel = nuts.NoUTurnSampler(fixed, 0.1, backend=EAGER)
+  with pytest.raises(ValueError, match=r"failed on one chain's state "
+                     r"\(shapes \[\[1, 3\]\]\).*any number of chains"):
+    kernel.bootstrap_results(tf.constant(INIT))
   # Shapes known only when the graph runs: an assertion.
   unknown = tf.Variable(scales, shape=tf.TensorShape([None]))
   per_chain = lambda x: tf.reduce_sum(-0.5 * (x / unknown[:, None]) ** 2, -1)
