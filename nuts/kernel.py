@@ -533,9 +533,23 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     chain_keys = nuts_random.chain_key(tf.stack([
         tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
         tf.range(num_chains, dtype=tf.int32)], axis=-1))
-    out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
-                                             [num_chains]),
-                     flat(grads), step, chain_keys, backend=self.backend)
+    try:
+      out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
+                                               [num_chains]),
+                       flat(grads), step, chain_keys, backend=self.backend)
+    except tab.TypeInferenceError as e:
+      if not isinstance(e.__cause__, tf.errors.OperatorNotAllowedInGraphError):
+        raise
+      # tfp_autobatch's hint is about @tab.batch bodies and names our
+      # gradient call; the code at fault is the user's target.
+      raise TypeError(
+          "target_log_prob_fn uses a tensor as a Python bool (an `if`, "
+          "`while`, `and`/`or` or `bool()` of a tensor): this kernel calls "
+          "it in a graph, also when run eagerly, where "
+          "tfp.mcmc.NoUTurnSampler calls it eagerly. Use tf.where or "
+          "tf.cond there, or decorate the target with @tf.function, whose "
+          f"AutoGraph converts such Python. TensorFlow said: {e.__cause__}"
+      ) from e.__cause__
     self._last_run_stats[0] = stats = (nuts_steps.last_stats
                                        if tf.executing_eagerly() else None)
     self._ran_programs[self._ran_key(layout)] = nuts_steps

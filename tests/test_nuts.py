@@ -491,6 +491,27 @@ def test_no_chains_sample_as_with_tfp_nuts():
   assert bootstrap(tf.constant(INIT)).target_log_prob.shape == (4,)
 
 
+def test_a_target_with_python_control_flow_on_tensors_is_a_clear_error():
+  # tfp.mcmc.NoUTurnSampler runs such a target eagerly; ours traces it.
+  # The error named our gradient call in nuts/tree.py and advised moving
+  # the `if` into a @tab.batch body the user never wrote.
+  def target(x):
+    if tf.reduce_any(tf.abs(x) > 100.):
+      return tf.fill(tf.shape(x)[:-1], tf.constant(-np.inf, x.dtype))
+    return gaussian_log_prob(x)
+  kernel = nuts.NoUTurnSampler(target, 0.3, max_tree_depth=2, backend=EAGER)
+  init = tf.constant(INIT)
+  results = kernel.bootstrap_results(init)
+  with pytest.raises(TypeError, match=r"target_log_prob_fn uses a tensor "
+                     r"as a Python bool.*@tf.function"):
+    kernel.one_step(init, results, seed=[1, 2])
+  # As it says, a tf.function target (AutoGraph) runs.
+  kernel = nuts.NoUTurnSampler(tf.function(target), 0.3, max_tree_depth=2,
+                               backend=EAGER)
+  state, _ = kernel.one_step(init, results, seed=[1, 2])
+  assert state.shape == (4, 3)
+
+
 def test_unknown_event_dimensions_when_traced_are_a_clear_error():
   kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.1, backend="pc:graph")
 
