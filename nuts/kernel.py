@@ -538,18 +538,25 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                                [num_chains]),
                        flat(grads), step, chain_keys, backend=self.backend)
     except tab.TypeInferenceError as e:
-      if not isinstance(e.__cause__, tf.errors.OperatorNotAllowedInGraphError):
+      cause = e.__cause__
+      if not _raised_in(cause, NoUTurnSampler._call_target):
         raise
-      # tfp_autobatch's hint is about @tab.batch bodies and names our
-      # gradient call; the code at fault is the user's target.
+      # tfp_autobatch's error names our gradient call in nuts/tree.py (and,
+      # for an `if`, advises a @tab.batch body); the code at fault is the
+      # user's target.
+      if isinstance(cause, tf.errors.OperatorNotAllowedInGraphError):
+        what = ("uses a tensor as a Python bool (an `if`, `while`, "
+                "`and`/`or` or `bool()` of a tensor)")
+        fix = ("Use tf.where or tf.cond there, or decorate the target with "
+               "@tf.function, whose AutoGraph converts such Python")
+      else:
+        what = "fails when traced for a batch of chains"
+        fix = ("Eager-only code (`.numpy()`, NumPy functions of tensors) "
+               "needs TensorFlow ops there")
       raise TypeError(
-          "target_log_prob_fn uses a tensor as a Python bool (an `if`, "
-          "`while`, `and`/`or` or `bool()` of a tensor): this kernel calls "
-          "it in a graph, also when run eagerly, where "
-          "tfp.mcmc.NoUTurnSampler calls it eagerly. Use tf.where or "
-          "tf.cond there, or decorate the target with @tf.function, whose "
-          f"AutoGraph converts such Python. TensorFlow said: {e.__cause__}"
-      ) from e.__cause__
+          f"target_log_prob_fn {what}: this kernel calls it in a graph, "
+          "also when run eagerly, where tfp.mcmc.NoUTurnSampler calls it "
+          f"eagerly. {fix}. {type(cause).__name__}: {cause}") from cause
     self._last_run_stats[0] = stats = (nuts_steps.last_stats
                                        if tf.executing_eagerly() else None)
     self._ran_programs[self._ran_key(layout)] = nuts_steps
@@ -598,6 +605,17 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     new_state = (tf.nest.pack_sequence_as(current_state, new_parts)
                  if is_list else new_parts[0])
     return new_state, new_results
+
+
+def _raised_in(error, function):
+  """Whether `error` was raised inside a call of `function` (its traceback
+  passes through that function's code)."""
+  tb = getattr(error, "__traceback__", None)
+  while tb is not None:
+    if tb.tb_frame.f_code is function.__code__:
+      return True
+    tb = tb.tb_next
+  return False
 
 
 # -- input handling -------------------------------------------------------------

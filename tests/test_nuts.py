@@ -510,6 +510,13 @@ def test_a_target_with_python_control_flow_on_tensors_is_a_clear_error():
                                backend=EAGER)
   state, _ = kernel.one_step(init, results, seed=[1, 2])
   assert state.shape == (4, 3)
+  # Other eager-only code is named as the target's too.
+  def target(x):
+    return gaussian_log_prob(x) + 0. * np.sum(x)
+  kernel = nuts.NoUTurnSampler(target, 0.3, max_tree_depth=2, backend=EAGER)
+  with pytest.raises(TypeError, match=r"target_log_prob_fn fails when "
+                     r"traced.*NumPy functions.*NotImplementedError"):
+    kernel.one_step(init, results, seed=[1, 2])
 
 
 def test_unknown_event_dimensions_when_traced_are_a_clear_error():
