@@ -444,23 +444,31 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   def _check_target_compiles(self, current_state, kernel_results):
     """Raises a ValueError if XLA cannot compile the target's log density
-    and gradient (tf.numpy_function, string ops, ...). pc:xla compiles
-    every step, the target with it, even in a plain tf.function or
-    eagerly, where tfp.mcmc.NoUTurnSampler compiles nothing: unchecked,
-    the step failed with XLA's error about the VM's blocks, thousands of
-    lines long. Checked once per state layout by lowering the target alone
-    (one chain) to HLO, which is quick; other failures (a target that
-    captures the caller's graph tensors cannot be lowered alone) are left
-    to the step itself."""
+    and gradient as pc:xla runs them. pc:xla compiles every step, the
+    target with it, even in a plain tf.function or eagerly, where
+    tfp.mcmc.NoUTurnSampler compiles nothing, and it traces the target once
+    for a batch of chains of any size. Two kinds of target fail there:
+    one with operations XLA lacks (tf.numpy_function, string ops), and one
+    whose gradient needs, as a constant, a shape that depends on the
+    number of chains (tfb.CorrelationCholesky's). Unchecked, the step
+    failed with XLA's error about the VM's blocks, thousands of lines
+    long. Checked once per state layout by lowering the target alone,
+    traced as the VM traces it, to HLO, which is quick; other failures (a
+    target that captures the caller's graph tensors cannot be lowered
+    alone) are left to the step itself."""
     parts, is_list = _as_parts(current_state)
     chain_ndims, layout = _layout(parts, is_list, kernel_results)
     key = (layout, parts[0].dtype)
     if key in self._xla_checked:
       return
-    specs = [tf.TensorSpec([1] + list(p.shape[chain_ndims:]), p.dtype)
-             for p in parts]
-    target = tf.function(lambda *xs: self._value_and_grads(list(xs), is_list),
-                         jit_compile=True, autograph=False)
+    events = [list(p.shape[chain_ndims:]) for p in parts]
+    as_traced = tf.function(
+        lambda *xs: self._value_and_grads(list(xs), is_list),
+        input_signature=[tf.TensorSpec([None] + e, p.dtype)
+                         for e, p in zip(events, parts)], autograph=False)
+    target = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
+                         autograph=False)
+    specs = [tf.TensorSpec([1] + e, p.dtype) for e, p in zip(events, parts)]
     try:
       # Traced here (init_scope pauses gradient tapes), lowered outside the
       # caller's graph: given specs, the lowering makes inputs with random
@@ -469,18 +477,25 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       with tf.init_scope():
         target.experimental_get_compiler_ir(*specs)(stage="hlo")
     except Exception as e:  # pylint: disable=broad-except
-      if "Detected unsupported operations" not in str(e):
+      message = str(e)
+      if "Detected unsupported operations" in message:
+        ops = sorted(set(re.findall(r"(\w+) \(No registered '", message)))
+        what = ("uses operations that XLA cannot compile "
+                f"({', '.join(ops) or 'see the error below'})")
+      elif "Reading input as constant from a dynamic tensor" in message:
+        what = ("needs, for its log density or gradient, a shape that "
+                "depends on the number of chains as a constant, which XLA "
+                "cannot have: this kernel traces the target once for "
+                "batches of chains of any size")
+      else:
         self._xla_checked.add(key)
         return
-      ops = sorted(set(re.findall(r"(\w+) \(No registered '", str(e))))
       raise ValueError(
-          "target_log_prob_fn uses operations that XLA cannot compile "
-          f"({', '.join(ops) or 'see the error below'}). "
-          "backend='pc:xla', the default, compiles every NUTS step with "
-          "XLA, the target with it, even where your tf.function does not "
-          "ask for jit_compile (tfp.mcmc.NoUTurnSampler does not): pass "
-          "backend='pc:graph', or write the target with operations XLA "
-          "has") from e
+          f"target_log_prob_fn {what}. backend='pc:xla', the default, "
+          "compiles every NUTS step with XLA, the target with it, even "
+          "where your tf.function does not ask for jit_compile "
+          "(tfp.mcmc.NoUTurnSampler does not): pass backend='pc:graph', "
+          "or write the target with operations XLA has") from e
     self._xla_checked.add(key)
 
   def batched_program(self, current_state, kernel_results):

@@ -20,6 +20,7 @@ from nuts import reference_numpy
 from tfp_autobatch.ir import ir2
 
 tfb = tfp.bijectors
+tfd = tfp.distributions
 
 A = np.array([[2., 0.5, 0.], [0.5, 1., 0.2], [0., 0.2, 0.5]])   # precision
 
@@ -347,6 +348,21 @@ def test_a_target_xla_cannot_compile_on_pc_xla_is_a_clear_error():
     with pytest.raises(ValueError, match=r"XLA cannot compile "
                        r"\(PyFuncStateless\).*backend='pc:graph'"):
       step(init, results, seed=[1, 2])
+  # A gradient that needs the number of chains as a constant shape
+  # (tfb.CorrelationCholesky's), which XLA cannot have where the VM traces
+  # the target once for any batch size: XLA's "Reading input as constant
+  # from a dynamic tensor" at the step, though TFP's kernel compiles it
+  # under jit_compile=True. A scaled LKJ model of 2x2 correlations.
+  correlation = tfb.CorrelationCholesky()
+  lkj = tfd.CholeskyLKJ(2, np.float64(2.))
+  kernel = nuts.NoUTurnSampler(
+      lambda x: lkj.log_prob(correlation.forward(x))
+      + correlation.forward_log_det_jacobian(x, 1), 0.3, max_tree_depth=3)
+  init = tf.fill([3, 1], np.float64(0.1))
+  results = kernel.bootstrap_results(init)
+  with pytest.raises(ValueError, match=r"shape that depends on the number "
+                     r"of chains.*backend='pc:graph'"):
+    kernel.one_step(init, results, seed=[1, 2])
 
 
 def test_traced_pc_xla_step_is_one_xla_computation():
