@@ -22,6 +22,7 @@ and the batched program checks every call's rows.
 """
 import collections
 import numbers
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -145,7 +146,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       raise ValueError("max_energy_diff must be a positive number (a "
                        "Python number or a constant scalar tensor), got "
                        f"{max_energy_diff!r}")
-    if experimental_shard_axis_names is not None:
+    if any(n is not None
+           for n in tf.nest.flatten(experimental_shard_axis_names)):
       raise NotImplementedError(
           "nuts.NoUTurnSampler does not support sharded chains "
           "(experimental_shard_axis_names); leave it None")
@@ -170,6 +172,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # on such states, by this kernel or a copy of it with the same settings
     # (a wrapper's copy with another target; shared, as the stats are).
     self._ran_programs = {}
+    # State layouts whose target was checked to compile with XLA (pc:xla).
+    self._xla_checked = set()
 
   # -- properties -------------------------------------------------------------
 
@@ -188,6 +192,14 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     copied._last_run_stats = self._last_run_stats   # pylint: disable=protected-access
     copied._ran_programs = self._ran_programs   # pylint: disable=protected-access
     return copied
+
+  def experimental_with_shard_axes(self, shard_axis_names):
+    """A copy with these shard axis names, as `tfp.mcmc.NoUTurnSampler`'s
+    (`TransformedTransitionKernel` passes them on): sharded state parts are
+    not supported, so names other than None raise NotImplementedError. (The
+    base class's returned the kernel unchanged: the names were dropped
+    silently.)"""
+    return self.copy(experimental_shard_axis_names=shard_axis_names)
 
   @property
   def parameters(self):
@@ -267,9 +279,24 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     stops XLA from compiling it then)."""
     if not chain_rank:
       return
+    # With no chains (a batch of size 0, which sample_chain runs as
+    # tfp.mcmc.NoUTurnSampler does) there is no chain to call it on: given
+    # the empty batch, the target rightly returns no value.
+    num_chains = parts[0].shape[:chain_rank].num_elements()
+    if num_chains == 0:
+      return
     one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
            for p in parts]
-    logp_one = self._call_target(one, is_list)
+    try:
+      logp_one = self._call_target(one, is_list)
+    except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
+      # E.g. a tf.function whose input_signature fixes the chain count.
+      raise ValueError(
+          "target_log_prob_fn failed on one chain's state (shapes "
+          f"{[x.shape.as_list() for x in one]}): this kernel calls it on "
+          "the chains still running, any number of them, so it must take "
+          "any number of chains (a tf.function input_signature must leave "
+          f"the chain dimension None). It raised: {e}") from e
     message = (
         "target_log_prob_fn must treat the chains alike, each chain's log "
         "density from its own state alone: this kernel calls it on the "
@@ -277,12 +304,15 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         "returned shape {} instead of [1]. A target with parameters per "
         "chain (ReplicaExchangeMC's tempered targets, a parameter with a "
         "chain dimension) needs tfp.mcmc.NoUTurnSampler")
-    if logp_one.shape.is_fully_defined():
-      if logp_one.shape != [1]:
-        raise ValueError(message.format(logp_one.shape.as_list()))
+    if logp_one.shape == [1]:
       return
-    tf.debugging.assert_equal(tf.size(logp_one), 1,
-                              message=message.format("other"))
+    if logp_one.shape.is_fully_defined() and (num_chains is not None
+                                              or logp_one.shape != [0]):
+      raise ValueError(message.format(logp_one.shape.as_list()))
+    tf.debugging.assert_equal(
+        tf.size(logp_one),
+        tf.minimum(tf.reduce_prod(tf.shape(parts[0])[:chain_rank]), 1),
+        message=message.format("other"))
 
   def _program(self, layout):
     """The batched NUTS program for a state layout (built once, cached)."""
@@ -396,6 +426,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       structure.
     """
     seed = tfp.random.sanitize_seed(seed)
+    if self.backend == "pc:xla":
+      self._check_target_compiles(current_state, previous_kernel_results)
     if self.backend == "pc:xla" and not tf.executing_eagerly():
       # Traced into a caller's graph, the whole step is one XLA computation:
       # otherwise the state's flattening, the chains' seeds and the results
@@ -409,6 +441,62 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       return self._compiled_step(current_state, previous_kernel_results,
                                  seed)
     return self._one_step(current_state, previous_kernel_results, seed)
+
+  def _check_target_compiles(self, current_state, kernel_results):
+    """Raises a ValueError if XLA cannot compile the target's log density
+    and gradient as pc:xla runs them. pc:xla compiles every step, the
+    target with it, even in a plain tf.function or eagerly, where
+    tfp.mcmc.NoUTurnSampler compiles nothing, and it traces the target once
+    for a batch of chains of any size. Two kinds of target fail there:
+    one with operations XLA lacks (tf.numpy_function, string ops), and one
+    whose gradient needs, as a constant, a shape that depends on the
+    number of chains (tfb.CorrelationCholesky's). Unchecked, the step
+    failed with XLA's error about the VM's blocks, thousands of lines
+    long. Checked once per state layout by lowering the target alone,
+    traced as the VM traces it, to HLO, which is quick; other failures (a
+    target that captures the caller's graph tensors cannot be lowered
+    alone) are left to the step itself."""
+    parts, is_list = _as_parts(current_state)
+    chain_ndims, layout = _layout(parts, is_list, kernel_results)
+    key = (layout, parts[0].dtype)
+    if key in self._xla_checked:
+      return
+    events = [list(p.shape[chain_ndims:]) for p in parts]
+    as_traced = tf.function(
+        lambda *xs: self._value_and_grads(list(xs), is_list),
+        input_signature=[tf.TensorSpec([None] + e, p.dtype)
+                         for e, p in zip(events, parts)], autograph=False)
+    target = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
+                         autograph=False)
+    specs = [tf.TensorSpec([1] + e, p.dtype) for e, p in zip(events, parts)]
+    try:
+      # Traced here (init_scope pauses gradient tapes), lowered outside the
+      # caller's graph: given specs, the lowering makes inputs with random
+      # ops, which would otherwise run at every step.
+      target.get_concrete_function(*specs)
+      with tf.init_scope():
+        target.experimental_get_compiler_ir(*specs)(stage="hlo")
+    except Exception as e:  # pylint: disable=broad-except
+      message = str(e)
+      if "Detected unsupported operations" in message:
+        ops = sorted(set(re.findall(r"(\w+) \(No registered '", message)))
+        what = ("uses operations that XLA cannot compile "
+                f"({', '.join(ops) or 'see the error below'})")
+      elif "Reading input as constant from a dynamic tensor" in message:
+        what = ("needs, for its log density or gradient, a shape that "
+                "depends on the number of chains as a constant, which XLA "
+                "cannot have: this kernel traces the target once for "
+                "batches of chains of any size")
+      else:
+        self._xla_checked.add(key)
+        return
+      raise ValueError(
+          f"target_log_prob_fn {what}. backend='pc:xla', the default, "
+          "compiles every NUTS step with XLA, the target with it, even "
+          "where your tf.function does not ask for jit_compile "
+          "(tfp.mcmc.NoUTurnSampler does not): pass backend='pc:graph', "
+          "or write the target with operations XLA has") from e
+    self._xla_checked.add(key)
 
   def batched_program(self, current_state, kernel_results):
     """The `@tab.batch` function that `one_step` runs on states like
@@ -460,9 +548,30 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     chain_keys = nuts_random.chain_key(tf.stack([
         tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
         tf.range(num_chains, dtype=tf.int32)], axis=-1))
-    out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
-                                             [num_chains]),
-                     flat(grads), step, chain_keys, backend=self.backend)
+    try:
+      out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
+                                               [num_chains]),
+                       flat(grads), step, chain_keys, backend=self.backend)
+    except tab.TypeInferenceError as e:
+      cause = e.__cause__
+      if not _raised_in(cause, NoUTurnSampler._call_target):
+        raise
+      # tfp_autobatch's error names our gradient call in nuts/tree.py (and,
+      # for an `if`, advises a @tab.batch body); the code at fault is the
+      # user's target.
+      if isinstance(cause, tf.errors.OperatorNotAllowedInGraphError):
+        what = ("uses a tensor as a Python bool (an `if`, `while`, "
+                "`and`/`or` or `bool()` of a tensor)")
+        fix = ("Use tf.where or tf.cond there, or decorate the target with "
+               "@tf.function, whose AutoGraph converts such Python")
+      else:
+        what = "fails when traced for a batch of chains"
+        fix = ("Eager-only code (`.numpy()`, NumPy functions of tensors) "
+               "needs TensorFlow ops there")
+      raise TypeError(
+          f"target_log_prob_fn {what}: this kernel calls it in a graph, "
+          "also when run eagerly, where tfp.mcmc.NoUTurnSampler calls it "
+          f"eagerly. {fix}. {type(cause).__name__}: {cause}") from cause
     self._last_run_stats[0] = stats = (nuts_steps.last_stats
                                        if tf.executing_eagerly() else None)
     self._ran_programs[self._ran_key(layout)] = nuts_steps
@@ -511,6 +620,17 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     new_state = (tf.nest.pack_sequence_as(current_state, new_parts)
                  if is_list else new_parts[0])
     return new_state, new_results
+
+
+def _raised_in(error, function):
+  """Whether `error` was raised inside a call of `function` (its traceback
+  passes through that function's code)."""
+  tb = getattr(error, "__traceback__", None)
+  while tb is not None:
+    if tb.tb_frame.f_code is function.__code__:
+      return True
+    tb = tb.tb_next
+  return False
 
 
 # -- input handling -------------------------------------------------------------

@@ -20,6 +20,7 @@ from nuts import reference_numpy
 from tfp_autobatch.ir import ir2
 
 tfb = tfp.bijectors
+tfd = tfp.distributions
 
 A = np.array([[2., 0.5, 0.], [0.5, 1., 0.2], [0., 0.2, 0.5]])   # precision
 
@@ -332,6 +333,38 @@ def test_local_backend_says_so_when_traced(fused_kernel):
     tf.function(lambda: fused_kernel.one_step(init, results, seed=[1, 2]))()
 
 
+def test_a_target_xla_cannot_compile_on_pc_xla_is_a_clear_error():
+  # pc:xla (the default) compiles each step, the target with it, even in a
+  # plain tf.function, where tfp.mcmc.NoUTurnSampler runs such a target.
+  # The step failed with XLA's error about the VM's blocks; it now names
+  # the operation and says to use pc:graph, eagerly and traced.
+  def target(x):
+    copy = tf.numpy_function(lambda a: a, [x], x.dtype, stateful=False)
+    return gaussian_log_prob(x) + 0. * tf.reduce_sum(copy)
+  kernel = nuts.NoUTurnSampler(target, 0.4, max_tree_depth=3)
+  init = tf.constant(INIT)
+  results = kernel.bootstrap_results(init)
+  for step in (kernel.one_step, tf.function(kernel.one_step)):
+    with pytest.raises(ValueError, match=r"XLA cannot compile "
+                       r"\(PyFuncStateless\).*backend='pc:graph'"):
+      step(init, results, seed=[1, 2])
+  # A gradient that needs the number of chains as a constant shape
+  # (tfb.CorrelationCholesky's), which XLA cannot have where the VM traces
+  # the target once for any batch size: XLA's "Reading input as constant
+  # from a dynamic tensor" at the step, though TFP's kernel compiles it
+  # under jit_compile=True. A scaled LKJ model of 2x2 correlations.
+  correlation = tfb.CorrelationCholesky()
+  lkj = tfd.CholeskyLKJ(2, np.float64(2.))
+  kernel = nuts.NoUTurnSampler(
+      lambda x: lkj.log_prob(correlation.forward(x))
+      + correlation.forward_log_det_jacobian(x, 1), 0.3, max_tree_depth=3)
+  init = tf.fill([3, 1], np.float64(0.1))
+  results = kernel.bootstrap_results(init)
+  with pytest.raises(ValueError, match=r"shape that depends on the number "
+                     r"of chains.*backend='pc:graph'"):
+    kernel.one_step(init, results, seed=[1, 2])
+
+
 def test_traced_pc_xla_step_is_one_xla_computation():
   """In a caller's plain tf.function, pc:xla's one_step is one XLA-compiled
   call: the flattening and the results around the batched program are not
@@ -436,6 +469,16 @@ def test_a_target_with_parameters_per_chain_is_a_clear_error():
   kernel = nuts.NoUTurnSampler(per_chain, 0.1, backend=EAGER)
   with pytest.raises(ValueError, match=r"treat the chains alike.*shape \[4\]"):
     kernel.bootstrap_results(tf.constant(INIT))
+  # A target that takes only the full batch (a tf.function whose
+  # input_signature fixes the chain count, which tfp.mcmc.NoUTurnSampler
+  # runs) failed with tf.function's error binding a [1, 3] input, which
+  # did not say why the kernel called it on one chain.
+  fixed = tf.function(gaussian_log_prob,
+                      input_signature=[tf.TensorSpec([4, 3], tf.float64)])
+  kernel = nuts.NoUTurnSampler(fixed, 0.1, backend=EAGER)
+  with pytest.raises(ValueError, match=r"failed on one chain's state "
+                     r"\(shapes \[\[1, 3\]\]\).*any number of chains"):
+    kernel.bootstrap_results(tf.constant(INIT))
   # Shapes known only when the graph runs: an assertion.
   unknown = tf.Variable(scales, shape=tf.TensorShape([None]))
   per_chain = lambda x: tf.reduce_sum(-0.5 * (x / unknown[:, None]) ** 2, -1)
@@ -443,6 +486,53 @@ def test_a_target_with_parameters_per_chain_is_a_clear_error():
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match="treat the chains alike"):
     tf.function(lambda: kernel.bootstrap_results(tf.constant(INIT)))()
+
+
+def test_no_chains_sample_as_with_tfp_nuts():
+  # A batch of zero chains (an empty [0, 3] state) samples nothing, as
+  # with tfp.mcmc.NoUTurnSampler; the check that the target treats the
+  # chains alike called it on the empty batch and raised that it returned
+  # shape [0] instead of [1] (eagerly, and as an assertion when the
+  # number of chains is known only when the graph runs).
+  kernel = nuts.NoUTurnSampler(gaussian_log_prob, 0.4, max_tree_depth=3,
+                               backend=EAGER)
+  none = tf.zeros([0, 3], tf.float64)
+  draws, leapfrogs = tfp.mcmc.sample_chain(
+      2, none, kernel=kernel, trace_fn=lambda _, r: r.leapfrogs_taken,
+      seed=(1, 2))
+  assert draws.shape == (2, 0, 3) and leapfrogs.shape == (2, 0)
+  bootstrap = tf.function(kernel.bootstrap_results, input_signature=[
+      tf.TensorSpec([None, 3], tf.float64)])
+  assert bootstrap(none).target_log_prob.shape == (0,)
+  assert bootstrap(tf.constant(INIT)).target_log_prob.shape == (4,)
+
+
+def test_a_target_with_python_control_flow_on_tensors_is_a_clear_error():
+  # tfp.mcmc.NoUTurnSampler runs such a target eagerly; ours traces it.
+  # The error named our gradient call in nuts/tree.py and advised moving
+  # the `if` into a @tab.batch body the user never wrote.
+  def target(x):
+    if tf.reduce_any(tf.abs(x) > 100.):
+      return tf.fill(tf.shape(x)[:-1], tf.constant(-np.inf, x.dtype))
+    return gaussian_log_prob(x)
+  kernel = nuts.NoUTurnSampler(target, 0.3, max_tree_depth=2, backend=EAGER)
+  init = tf.constant(INIT)
+  results = kernel.bootstrap_results(init)
+  with pytest.raises(TypeError, match=r"target_log_prob_fn uses a tensor "
+                     r"as a Python bool.*@tf.function"):
+    kernel.one_step(init, results, seed=[1, 2])
+  # As it says, a tf.function target (AutoGraph) runs.
+  kernel = nuts.NoUTurnSampler(tf.function(target), 0.3, max_tree_depth=2,
+                               backend=EAGER)
+  state, _ = kernel.one_step(init, results, seed=[1, 2])
+  assert state.shape == (4, 3)
+  # Other eager-only code is named as the target's too.
+  def target(x):
+    return gaussian_log_prob(x) + 0. * np.sum(x)
+  kernel = nuts.NoUTurnSampler(target, 0.3, max_tree_depth=2, backend=EAGER)
+  with pytest.raises(TypeError, match=r"target_log_prob_fn fails when "
+                     r"traced.*NumPy functions.*NotImplementedError"):
+    kernel.one_step(init, results, seed=[1, 2])
 
 
 def test_unknown_event_dimensions_when_traced_are_a_clear_error():
@@ -524,6 +614,12 @@ def test_tfp_keyword_arguments_are_taken():
   with pytest.raises(NotImplementedError, match="sharded"):
     nuts.NoUTurnSampler(gaussian_log_prob, 0.1,
                         experimental_shard_axis_names=["chains"])
+  # Nor through experimental_with_shard_axes, which returned the kernel
+  # unchanged, dropping the names silently (here as a wrapper passes them).
+  wrapped = tfp.mcmc.TransformedTransitionKernel(kernel, tfb.Identity())
+  with pytest.raises(NotImplementedError, match="sharded"):
+    wrapped.experimental_with_shard_axes(["chains"])
+  assert kernel.experimental_with_shard_axes([None]).parallel_iterations == 4
 
 
 def test_max_energy_diff_decides_divergence():
