@@ -446,10 +446,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     """Raises a ValueError if XLA cannot compile the target's log density
     and gradient as pc:xla runs them. pc:xla compiles every step, the
     target with it, even in a plain tf.function or eagerly, where
-    tfp.mcmc.NoUTurnSampler compiles nothing, and it traces the target once
-    for a batch of chains of any size. Two kinds of target fail there:
-    one with operations XLA lacks (tf.numpy_function, string ops), and one
-    whose gradient needs, as a constant, a shape that depends on the
+    tfp.mcmc.NoUTurnSampler compiles nothing. It traces the target for
+    each number of chains it calls it on (the gathered buckets, see
+    `tfp_autobatch.runtime.batched_primitive_calls`), and once for any
+    number when the chain count is unknown where the step is traced. Two
+    kinds of target fail there: one with operations XLA lacks
+    (tf.numpy_function, string ops), and, with the chain count unknown,
+    one whose gradient needs, as a constant, a shape that depends on the
     number of chains (tfb.CorrelationCholesky's). Unchecked, the step
     failed with XLA's error about the VM's blocks, thousands of lines
     long. Checked once per state layout by lowering the target alone,
@@ -458,13 +461,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     alone) are left to the step itself."""
     parts, is_list = _as_parts(current_state)
     chain_ndims, layout = _layout(parts, is_list, kernel_results)
-    key = (layout, parts[0].dtype)
+    # One chain, or any number where the VM will not know how many.
+    chains_known = parts[0].shape[:chain_ndims].is_fully_defined()
+    key = (layout, parts[0].dtype, chains_known)
     if key in self._xla_checked:
       return
     events = [list(p.shape[chain_ndims:]) for p in parts]
+    rows = 1 if chains_known else None
     as_traced = tf.function(
         lambda *xs: self._value_and_grads(list(xs), is_list),
-        input_signature=[tf.TensorSpec([None] + e, p.dtype)
+        input_signature=[tf.TensorSpec([rows] + e, p.dtype)
                          for e, p in zip(events, parts)], autograph=False)
     target = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
                          autograph=False)
@@ -485,8 +491,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       elif "Reading input as constant from a dynamic tensor" in message:
         what = ("needs, for its log density or gradient, a shape that "
                 "depends on the number of chains as a constant, which XLA "
-                "cannot have: this kernel traces the target once for "
-                "batches of chains of any size")
+                "cannot have where the number of chains is unknown when "
+                "the step is traced (give your tf.function's state a "
+                "static chain count)")
       else:
         self._xla_checked.add(key)
         return

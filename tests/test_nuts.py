@@ -349,10 +349,12 @@ def test_a_target_xla_cannot_compile_on_pc_xla_is_a_clear_error():
                        r"\(PyFuncStateless\).*backend='pc:graph'"):
       step(init, results, seed=[1, 2])
   # A gradient that needs the number of chains as a constant shape
-  # (tfb.CorrelationCholesky's), which XLA cannot have where the VM traces
-  # the target once for any batch size: XLA's "Reading input as constant
-  # from a dynamic tensor" at the step, though TFP's kernel compiles it
-  # under jit_compile=True. A scaled LKJ model of 2x2 correlations.
+  # (tfb.CorrelationCholesky's). pc:xla traces the target for each number
+  # of chains it calls it on, so the step runs (it failed with XLA's
+  # "Reading input as constant from a dynamic tensor" when the target was
+  # traced once for any number); with the chain count unknown where the
+  # step is traced, XLA cannot have the shape, and that is the clear error.
+  # A scaled LKJ model of 2x2 correlations.
   correlation = tfb.CorrelationCholesky()
   lkj = tfd.CholeskyLKJ(2, np.float64(2.))
   kernel = nuts.NoUTurnSampler(
@@ -360,9 +362,14 @@ def test_a_target_xla_cannot_compile_on_pc_xla_is_a_clear_error():
       + correlation.forward_log_det_jacobian(x, 1), 0.3, max_tree_depth=3)
   init = tf.fill([3, 1], np.float64(0.1))
   results = kernel.bootstrap_results(init)
+  state, after = kernel.one_step(init, results, seed=[1, 2])
+  assert state.shape == (3, 1) and np.isfinite(after.target_log_prob).all()
+  @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float64)])
+  def unknown_chains(x):
+    return kernel.one_step(x, kernel.bootstrap_results(x), seed=[1, 2])[0]
   with pytest.raises(ValueError, match=r"shape that depends on the number "
                      r"of chains.*backend='pc:graph'"):
-    kernel.one_step(init, results, seed=[1, 2])
+    unknown_chains(init)
 
 
 def test_traced_pc_xla_step_is_one_xla_computation():

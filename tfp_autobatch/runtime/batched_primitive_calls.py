@@ -40,10 +40,11 @@ def member_bucket_sizes(z, static_z):
   return sizes
 
 
-def on_members_in_buckets(kernel, z, members, ins, skip):
-  """`(kernel's outputs on all Z rows, rows computed, members)`, computing
-  only on the members' rows gathered into the smallest bucket (see
-  `member_bucket_sizes`) that holds them; the outputs of the other rows
+def on_members_in_buckets(kernel_for, z, members, ins, skip):
+  """`(the kernel's outputs on all Z rows, rows computed, members)`,
+  computing only on the members' rows gathered into the smallest bucket
+  (see `member_bucket_sizes`) that holds them, with `kernel_for(rows)`,
+  the kernel for that many rows; the outputs of the other rows
   are junk, which the block discards. With no members (a guarded call
   whose guard holds for none) it computes nothing and returns `skip()`.
   Only under XLA, where the bucket sizes are compile-time constants (Z is
@@ -53,7 +54,7 @@ def on_members_in_buckets(kernel, z, members, ins, skip):
   sizes = member_bucket_sizes(z, members.shape[0])
 
   def everyone():
-    return list(kernel(z, *ins)), z
+    return list(kernel_for(z)(z, *ins)), z
 
   def bucket(size):
     def run():
@@ -63,7 +64,8 @@ def on_members_in_buckets(kernel, z, members, ins, skip):
       order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
                          stable=True)[:size]
       taken = tf.nest.map_structure(lambda x: tf.gather(x, order), ins)
-      return _to_all_rows(kernel(size, *taken), members, size), size
+      return _to_all_rows(kernel_for(size)(size, *taken), members,
+                          size), size
     return run
 
   # Sizes fall, largest first: the last one holding `count` wins;

@@ -15,6 +15,8 @@ keep their own junk. A `@batched_primitive` runs on the members only
 (`batched_primitive_calls`). Temporaries live only in the block's local
 environment; a value that is dead after the block is not written back.
 """
+import functools
+
 import tensorflow as tf
 
 from tfp_autobatch import errors
@@ -136,10 +138,17 @@ class BlockRunner:
       """The members an op runs for: the block's, less a guard's."""
       return active if guard is None else tf.logical_and(active, guard)
 
-    def kernel_of(op):
+    def kernel_of(op, rows=None):
+      """The kernel of `op` on batches of `rows` rows: the batch's own
+      size for a primitive; for a `@batched_primitive` the rows it is
+      called on, where they are a static size (under `pc:xla`, each of
+      its buckets), else any number."""
+      if not op.batched:
+        rows = static_z
       return self.kernels.get(op, [p.types[v] for v in op.ins],
                               [p.types[v] for v in op.outs],
-                              batch_size=None if op.batched else static_z)
+                              batch_size=rows if isinstance(rows, int)
+                              else None)
 
     def zeros(op):
       """Outputs where nothing was computed: zeros, which no member
@@ -154,8 +163,11 @@ class BlockRunner:
       ins = [read(v) for v in op.ins]
       skip = lambda: (zeros(op), 0)
       if self.mode == "xla":
+        # Traced for each bucket's static size: XLA cannot compile some
+        # models' gradients traced for any number of rows (TFP's
+        # CorrelationCholesky bijector, as in LKJ models).
         return batched_primitive_calls.on_members_in_buckets(
-            kernel_of(op), z, members(guard), ins, skip)
+            functools.partial(kernel_of, op), z, members(guard), ins, skip)
       return batched_primitive_calls.on_members_exactly(
           kernel_of(op), members(guard), ins, skip,
           eager=self.mode == "eager")
