@@ -1116,3 +1116,17 @@ def test_pc_eager_writes_only_the_stacks_a_block_pushes(monkeypatch):
                  for label, k in pushes.items())
   assert 0 < expected < fib.last_stats.steps * 3
   assert applied["writes"] == expected
+
+
+def test_pc_graph_results_keep_the_static_batch_size_in_a_graph():
+  # pc:graph traces its VM for any batch size, and its results came back
+  # [None] inside a caller's graph: a tf.while_loop whose variable they
+  # were rejected the shape change.
+  @tf.function(autograph=False)
+  def twice(n):
+    assert fib(n, backend="pc:graph").shape == (4,)
+    return tf.while_loop(lambda i, v: i < 2,
+                         lambda i, v: (i + 1, fib(v, backend="pc:graph")),
+                         (0, n))[1]
+  np.testing.assert_array_equal(twice(tf.constant([3, 6, 1, 5])),
+                                [1, 21, 1, 5])

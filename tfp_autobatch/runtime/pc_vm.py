@@ -158,8 +158,18 @@ class PcVmRuntime:
     self.stats_tensors = run_counters.to_tensors(counters, self._labels)
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
                                 ["tfp_autobatch: " + message])
+    # pc:graph traces its VM for any batch size: the results keep the
+    # inputs' static batch size (a tf.while_loop whose variable they are
+    # rejected the unknown one).
+    leaves = tf.nest.flatten(args)
+    size = (tf.TensorShape(leaves[0].shape)[:1] if leaves
+            else tf.TensorShape([None]))
+    def output(x):
+      x = tf.identity(x)
+      x.set_shape(size.concatenate(x.shape[1:]))
+      return x
     with tf.control_dependencies([check]):
-      return tf.nest.map_structure(tf.identity, result)
+      return tf.nest.map_structure(output, result)
 
   def _without_gradient(self, vm, *args):
     """`vm(*args)` for a VM compiled by XLA, which has no gradient:
