@@ -466,22 +466,21 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     key = (layout, parts[0].dtype, chains_known)
     if key in self._xla_checked:
       return
-    events = [list(p.shape[chain_ndims:]) for p in parts]
-    rows = 1 if chains_known else None
+    def specs(rows):
+      return [tf.TensorSpec([rows] + p.shape[chain_ndims:].as_list(),
+                            p.dtype) for p in parts]
     as_traced = tf.function(
         lambda *xs: self._value_and_grads(list(xs), is_list),
-        input_signature=[tf.TensorSpec([rows] + e, p.dtype)
-                         for e, p in zip(events, parts)], autograph=False)
+        input_signature=specs(1 if chains_known else None), autograph=False)
     target = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
                          autograph=False)
-    specs = [tf.TensorSpec([1] + e, p.dtype) for e, p in zip(events, parts)]
     try:
       # Traced here (init_scope pauses gradient tapes), lowered outside the
       # caller's graph: given specs, the lowering makes inputs with random
       # ops, which would otherwise run at every step.
-      target.get_concrete_function(*specs)
+      target.get_concrete_function(*specs(1))
       with tf.init_scope():
-        target.experimental_get_compiler_ir(*specs)(stage="hlo")
+        target.experimental_get_compiler_ir(*specs(1))(stage="hlo")
     except Exception as e:  # pylint: disable=broad-except
       message = str(e)
       if "Detected unsupported operations" in message:

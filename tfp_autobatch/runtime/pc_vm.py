@@ -161,9 +161,7 @@ class PcVmRuntime:
     # pc:graph traces its VM for any batch size: the results keep the
     # inputs' static batch size (a tf.while_loop whose variable they are
     # rejected the unknown one).
-    leaves = tf.nest.flatten(args)
-    size = (tf.TensorShape(leaves[0].shape)[:1] if leaves
-            else tf.TensorShape([None]))
+    size = tf.TensorShape([_static_batch_size(args)])
     def output(x):
       x = tf.identity(x)
       x.set_shape(size.concatenate(x.shape[1:]))
@@ -202,11 +200,7 @@ class PcVmRuntime:
     compile (`pfor_conditions`), and which is called as pc:xla's is
     (`_concrete_for`).
     """
-    size = None
-    leaves = tf.nest.flatten(args)
-    if self.mode == "xla" and leaves:
-      shape = tf.TensorShape(getattr(leaves[0], "shape", None))
-      size = shape[0] if shape.rank else None
+    size = _static_batch_size(args) if self.mode == "xla" else None
     key = (size, self.mode == "graph" and pfor_conditions.in_xla_context())
     compiled = self._compiled.get(key)
     if compiled is None:
@@ -387,8 +381,7 @@ class PcVmRuntime:
       return self._stacks.apply(stacks, writes, xla=xla)
     out = dict(stacks)
     for name in self._stacks.names:
-      writers = [i for i in dispatch.blocks
-                 if name in self._pushed_stacks(self.program.blocks[i])]
+      writers = [i for i in dispatch.blocks if name in self._pushed[i]]
       def apply(name=name):
         return stack_banks.apply_stack_write(stacks[name], writes[name])
       if eager:
@@ -470,8 +463,9 @@ class PcVmRuntime:
         for name in ("pc_top", "pc_sp")}
     self._stacks = stack_banks.StackBanks(stacks, d,
                                           enabled=pack and p.cached_top)
+    self._pushed = [self._pushed_stacks(b) for b in p.blocks]
     self._dispatches = dispatch_lib.group_blocks(
-        self._changed, [self._pushed_stacks(b) for b in p.blocks],
+        self._changed, self._pushed,
         self._banks, self._stacks, z, pack)
     self._dispatch_of = {i: d for d in self._dispatches for i in d.blocks}
     # Per dispatch, the most model calls one of its blocks makes: each of
@@ -532,9 +526,9 @@ class PcVmRuntime:
     after, writes, rows, members = self._runner.run(
         index, self.program.blocks[index], before,
         lambda v: self._stacks.view(stacks, v))
-    # The loop writes only the stacks `_pushed_stacks` names (see
+    # The loop writes only the stacks `_pushed` names (see
     # `_apply_stack_writes`; under XLA their banks are sized by it).
-    unplanned = set(writes) - self._pushed_stacks(self.program.blocks[index])
+    unplanned = set(writes) - self._pushed[index]
     if unplanned:
       raise errors.IRError(
           f"{self._labels[index]}: writes stacks {sorted(unplanned)} that "
@@ -549,6 +543,14 @@ class PcVmRuntime:
             dispatch.writes.pack(self._stacks.pack(
                 writes, z, dispatch.stack_capacity)), rows,
             _padded(members, self._model_calls[dispatch.blocks]))
+
+
+def _static_batch_size(args):
+  """The batch size of `args` where their shape knows it, else None."""
+  leaves = tf.nest.flatten(args)
+  shape = tf.TensorShape(getattr(leaves[0], "shape", None) if leaves
+                         else None)
+  return shape[0] if shape.rank else None
 
 
 def _padded(counts, length):

@@ -33,6 +33,13 @@ from tfp_autobatch.runtime import pfor_conditions
 StackWrite = collections.namedtuple("StackWrite", ["row", "value", "mask"])
 
 
+def _row_pairs(rows):
+  """Gather/scatter indices `(rows[i], i)` of a [D, Z, ...] stack, as XLA
+  takes them (see `_flat_rows` for elsewhere)."""
+  return tf.stack([rows, batch_state.row_indices(batch_state.size(rows))],
+                  axis=1)
+
+
 def _flat_rows(depth, sp):
   """Rows `sp[i] * Z + i` of a [D, Z, ...] stack seen as [D * Z, ...] (see
   `_as_rows`), `sp` clipped into the stack.
@@ -63,9 +70,7 @@ def rows_at(stack, sp):
   depth = batch_state.size(tf.nest.flatten(stack)[0])
   if pfor_conditions.in_xla_context():
     # XLA fuses a bank's static slice (`StackBanks.view`) into this gather.
-    sp = tf.clip_by_value(sp, 0, depth - 1)
-    idx = tf.stack([sp, batch_state.row_indices(batch_state.size(sp))],
-                   axis=1)
+    idx = _row_pairs(tf.clip_by_value(sp, 0, depth - 1))
     return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
   rows = _flat_rows(depth, sp)
   return tf.nest.map_structure(lambda s: tf.gather(_as_rows(s), rows),
@@ -78,9 +83,8 @@ def apply_stack_write(stack, write, xla=False):
   XLA's scatter skips; elsewhere (TF raises on such rows) their old rows
   are gathered and written back unchanged."""
   if xla:
-    row = _row_or_skip(write, batch_state.size(tf.nest.flatten(stack)[0]))
-    idx = tf.stack([row, batch_state.row_indices(batch_state.size(row))],
-                   axis=1)
+    idx = _row_pairs(
+        _row_or_skip(write, batch_state.size(tf.nest.flatten(stack)[0])))
     return tf.nest.map_structure(
         lambda s, v: tf.tensor_scatter_nd_update(s, idx, v), stack,
         write.value)
