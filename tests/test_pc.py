@@ -546,6 +546,41 @@ def test_per_example_tf_cond_and_switch_case_run_on_every_backend(backend):
   np.testing.assert_allclose(_tf_conditionals(x, k, backend=backend), want)
 
 
+@tab.batch
+def _depth_and_empty(n, empty):
+  # `empty` has no elements per member; each call changes it and it is
+  # read after the call, so the VM saves it on a stack across the call.
+  if n <= 0:
+    return tf.cast(n, tf.float32), empty
+  depth, deeper = _depth_and_empty(n - 1, empty + 1.)
+  return depth + tf.reduce_sum(empty) + 1., deeper + empty
+
+
+@pytest.mark.parametrize("backend", ["pc:eager", "pc:graph", "pc:xla"])
+@pytest.mark.parametrize("shape", [(0,), (2, 0)])
+def test_values_without_elements_live_across_a_call(backend, shape):
+  # Saving such a value was a scatter into a stack with no elements, which
+  # TensorFlow rejects: eagerly, when a graph runs it, and XLA when it
+  # compiles. (pc:graph passed where the saved value was only read by
+  # tf.size: TensorFlow's graph optimiser dropped the scatter.)
+  n = np.array([2, 3, 0], np.int32)
+  empty = np.zeros((3,) + shape, np.float32)
+  tf.nest.map_structure(np.testing.assert_array_equal,
+                        _depth_and_empty(n, empty, backend=backend),
+                        _depth_and_empty(n, empty, backend="local:eager"))
+  assert "_depth_and_empty.empty" in _depth_and_empty.ir(level=2).stacked
+
+
+def test_values_without_elements_in_pc_graph_inside_a_user_xla_function():
+  # There pc:graph writes its stacks one by one with XLA's scatter.
+  n = np.array([2, 3, 0], np.int32)
+  empty = np.zeros([3, 0], np.float32)
+  got = tf.function(lambda n, e: _depth_and_empty(n, e, backend="pc:graph"),
+                    jit_compile=True)(n, empty)
+  tf.nest.map_structure(np.testing.assert_array_equal, got,
+                        _depth_and_empty(n, empty, backend="local:eager"))
+
+
 def test_pc_graph_tf_cond_inside_a_user_xla_function():
   # pc:graph traced in a plain tf.function first, then in a jit_compile
   # one: the second used the first's trace, whose partitioned conditional

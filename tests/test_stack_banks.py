@@ -22,6 +22,9 @@ def _stacks(z):
       "pair": Pair(tf.zeros([D, z], tf.int32), tf.zeros([D, z, 2])),
       "x": tf.zeros([D, z, 2]),
       "flag": tf.zeros([D, z], tf.bool),
+      # No elements per member: a write has nothing to write, which
+      # TensorFlow's scatter rejects (and XLA's) if asked to.
+      "empty": tf.zeros([D, z, 0]),
   }
 
 
@@ -35,16 +38,17 @@ def _write(z, rng, stack):
 
 def test_layout_one_bank_per_dtype_and_shape():
   banks = stack_banks.StackBanks(_stacks(3), D)
-  # int32 scalars: pc, depth, pair.count; float32 [2]: pair.weight, x; bool.
+  # int32 scalars: pc, depth, pair.count; float32 [2]: pair.weight, x; bool;
+  # float32 [0]: empty.
   assert banks.sizes == {("int32", ()): 3, ("float32", (2,)): 2,
-                         ("bool", ()): 1}
+                         ("bool", ()): 1, ("float32", (0,)): 1}
   state = banks.initial(_stacks(3))
   assert state[("int32", ())].shape == (D, 3, 3)
   assert state[("float32", (2,))].shape == (D, 2, 3, 2)
   capacity = banks.capacity([{"pc", "depth"}, {"pair"},
                              {"x", "pair", "flag"}, set()])
   assert capacity == {("int32", ()): 2, ("float32", (2,)): 2,
-                            ("bool", ()): 1}
+                            ("bool", ()): 1, ("float32", (0,)): 0}
 
 
 # Banks are for XLA only (elsewhere TF raises on their out-of-range rows).
@@ -54,7 +58,8 @@ def test_layout_one_bank_per_dtype_and_shape():
 def test_writes_and_reads_match_one_stack_at_a_time(enabled, xla, z):
   rng = np.random.default_rng(z)
   example = _stacks(z)
-  blocks = [{"pc", "depth", "pair"}, {"x"}, {"flag", "x", "pc"}, set()]
+  blocks = [{"pc", "depth", "pair"}, {"x", "empty"}, {"flag", "x", "pc"},
+            set()]
   banks = stack_banks.StackBanks(example, D, enabled=enabled)
   capacity = banks.capacity(blocks)
   want = dict(example)

@@ -33,13 +33,20 @@ def gather(value, indices):
 def scatter(old, indices, new):
   """`old` with rows `indices` replaced by the rows of `new`."""
   idx = tf.expand_dims(indices, -1)
-  def leaf(o, n):
-    if 0 in o.shape[1:]:
-      # No elements to replace (a per-example shape such as [0]), which
-      # tensor_scatter_nd_update rejects.
-      return o
-    return tf.tensor_scatter_nd_update(o, idx, n)
-  return tf.nest.map_structure(leaf, old, new)
+  return tf.nest.map_structure(
+      lambda o, n: tensor_scatter_nd_update(o, idx, n), old, new)
+
+
+def tensor_scatter_nd_update(tensor, indices, updates):
+  """`tf.tensor_scatter_nd_update`, also where `tensor` has no elements
+  (a per-example shape such as [0]; a static dimension 0): there is
+  nothing to write, and `tensor` is returned as it is. TensorFlow rejects
+  any index into a tensor with no elements, also one whose updates have
+  none: its kernel when it runs, shape inference where the shape is
+  known, XLA when it compiles."""
+  if 0 in tensor.shape:
+    return tensor
+  return tf.tensor_scatter_nd_update(tensor, indices, updates)
 
 
 def with_rows(value, n, message):

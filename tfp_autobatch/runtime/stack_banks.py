@@ -86,14 +86,15 @@ def apply_stack_write(stack, write, xla=False):
     idx = _row_pairs(
         _row_or_skip(write, batch_state.size(tf.nest.flatten(stack)[0])))
     return tf.nest.map_structure(
-        lambda s, v: tf.tensor_scatter_nd_update(s, idx, v), stack,
+        lambda s, v: batch_state.tensor_scatter_nd_update(s, idx, v), stack,
         write.value)
   rows = _flat_rows(batch_state.size(tf.nest.flatten(stack)[0]), write.row)
   def leaf(s, v):
     flat = _as_rows(s)
     new = batch_state.where(write.mask, v, tf.gather(flat, rows))
     return tf.reshape(
-        tf.tensor_scatter_nd_update(flat, rows[:, None], new), tf.shape(s))
+        batch_state.tensor_scatter_nd_update(flat, rows[:, None], new),
+        tf.shape(s))
   return tf.nest.map_structure(leaf, stack, write.value)
 
 
@@ -221,5 +222,6 @@ class StackBanks:
                        "enabled=False outside XLA")
     out = dict(state)
     for key, (idx, values) in packed.items():
-      out[key] = tf.tensor_scatter_nd_update(state[key], idx, values)
+      out[key] = batch_state.tensor_scatter_nd_update(state[key], idx,
+                                                      values)
     return out
