@@ -1,5 +1,6 @@
 """The program-counter VM's run counters (`run_counters`) on hand-made
 steps: what `RunStats` reports is what the steps did."""
+import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch.runtime import run_counters
@@ -33,6 +34,10 @@ def test_counters_become_the_run_statistics():
 
 def test_counters_traced_keep_the_field_names():
   tensors = run_counters.to_tensors(_two_steps(), ["a", "b", "c"])
+  # The dtypes callers have read: sums over steps int64, the rest int32.
+  assert tensors["steps"].dtype == tf.int32
+  assert tensors["active_members"].dtype == tf.int64
+  assert tensors["batched_primitive_rows"].dtype == tf.int64
   assert int(tensors["steps"]) == 2
   assert int(tensors["max_stack_depth"]) == 2
   assert tensors["batched_primitive_members"].numpy().tolist() == [
@@ -45,8 +50,9 @@ def test_member_and_row_sums_pass_two_to_the_31():
   # 131,072 members each taking 17,000 steps sum to more than 2**31
   # active members: an int32 sum wrapped to a negative utilization.
   counters = run_counters.initial(tf.constant(4), num_blocks=3)
-  counters["active"] += 2**31 - 1
-  counters["rows"] += 2**31 - 1
+  before = np.zeros(counters.shape, np.int64)
+  before[[run_counters.ACTIVE, run_counters.ROWS]] = 2**31 - 1
+  counters += before
   counters = run_counters.after_step(
       counters, tf.constant(1), 3, pc_top=tf.constant([1, 1, 2, 0]),
       pc_sp=tf.constant([1, 1, 1, 1]), rows=tf.constant(2),

@@ -3,35 +3,39 @@
 The counters travel in the VM's loop state, so they are counted alike
 eagerly, in graph mode and under XLA; when the loop ends they become a
 `RunStats` (called eagerly) or a dict of tensors of the caller's graph
-(traced). Counters bounded by the steps are int32; the two that sum
-members or rows over the steps are int64, since they pass 2**31 in
-reach (131,072 members each taking 17,000 steps):
+(traced). They are one int64 vector (sums of members or rows over the steps
+pass 2**31 in reach: 131,072 members each taking 17,000 steps), laid out
+as
 
-  steps []            blocks executed (VM steps)
-  executions [B]      executions per block
-  active [] int64     summed over steps, the members of the block run
-  high []             deepest stack reached (the pc's stack pointer)
-  rows [] int64       rows the `@batched_primitive` calls computed
-  members [Z + 1]     histogram: entry k counts the `@batched_primitive`
-                      calls made for k members
+  [STEPS]             blocks executed (VM steps)
+  [ACTIVE]            summed over steps, the members of the block run
+  [ROWS]              rows the `@batched_primitive` calls computed
+  [HIGH]              deepest stack reached (the pc's stack pointer)
+  [EXECUTIONS:][:B]   executions per block, for a program of B blocks
+  [EXECUTIONS + B:]   histogram of Z + 1 entries: entry k counts the
+                      `@batched_primitive` calls made for k members
+
+One vector, updated by one expression, because under XLA every counter
+kept apart was a kernel of its own launched on every VM step: six
+counters, five or six launches a step, where the vector takes two (a NUTS
+transition on 4 chains runs 27 steps).
 """
 import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch.runtime import stats as stats_lib
 
+STEPS, ACTIVE, ROWS, HIGH, EXECUTIONS = range(5)
+
 
 def initial(z, num_blocks):
   """The counters before the first step, for a batch of `z` (a scalar
   tensor) and a program of `num_blocks` blocks."""
-  return {
-      "steps": tf.constant(0, tf.int32),
-      "executions": tf.zeros([num_blocks], tf.int32),
-      "active": tf.constant(0, tf.int64),
-      "high": tf.reduce_max(tf.concat([tf.ones([z], tf.int32), [0]], 0)),
-      "rows": tf.constant(0, tf.int64),
-      "members": tf.zeros([z + 1], tf.int32),
-  }
+  # The entry frame: depth 1 if there is a member at all.
+  high = tf.cast(tf.minimum(z, 1), tf.int64)
+  return tf.concat([tf.zeros([HIGH], tf.int64), high[None],
+                    tf.zeros([num_blocks], tf.int64),
+                    tf.zeros(tf.reshape(z + 1, [1]), tf.int64)], 0)
 
 
 def after_step(counters, block, num_blocks, pc_top, pc_sp, rows, members):
@@ -43,27 +47,41 @@ def after_step(counters, block, num_blocks, pc_top, pc_sp, rows, members):
   call, counts nothing), or None when the block's dispatch makes no model
   calls (the histogram is then left alone).
   """
-  histogram = counters["members"]
-  if members is not None:
-    histogram += tf.reduce_sum(
-        tf.one_hot(members, tf.shape(histogram)[0], dtype=tf.int32), 0)
+  i64 = tf.int64
+  bins = tf.size(pc_top) + 1
+  if members is None:
+    histogram = tf.zeros([bins], i64)
+  else:
+    histogram = tf.reduce_sum(tf.one_hot(members, bins, dtype=i64), 0)
+  step = tf.concat([
+      tf.ones([1], i64),
+      tf.reduce_sum(tf.cast(tf.equal(pc_top, block), i64))[None],
+      tf.cast(rows, i64)[None],
+      tf.cast(tf.reduce_max(tf.concat([pc_sp, [0]], 0)), i64)[None],
+      tf.one_hot(block, num_blocks, dtype=i64),
+      histogram], 0)
+  # Elementwise in `counters`, so that XLA updates them in place, in one
+  # kernel with the reductions above.
+  return tf.where(tf.equal(tf.range(tf.size(counters)), HIGH),
+                  tf.maximum(counters, step), counters + step)
+
+
+def _fields(counters, num_blocks):
+  """The counters' fields (NumPy values or tensors) by name."""
   return {
-      "steps": counters["steps"] + 1,
-      "executions": counters["executions"] + tf.one_hot(
-          block, num_blocks, dtype=tf.int32),
-      "active": counters["active"] + tf.reduce_sum(
-          tf.cast(tf.equal(pc_top, block), tf.int64)),
-      "high": tf.maximum(counters["high"], tf.reduce_max(
-          tf.concat([pc_sp, [0]], 0))),
-      "rows": counters["rows"] + tf.cast(rows, tf.int64),
-      "members": histogram,
+      "steps": counters[STEPS],
+      "active": counters[ACTIVE],
+      "rows": counters[ROWS],
+      "high": counters[HIGH],
+      "executions": counters[EXECUTIONS:EXECUTIONS + num_blocks],
+      "members": counters[EXECUTIONS + num_blocks:],
   }
 
 
 def to_stats(counters, batch_size, labels):
-  """The `RunStats` of final counters (eager tensors or arrays); `labels`
+  """The `RunStats` of final counters (an eager tensor or array); `labels`
   are the program's block labels, in block order."""
-  c = {k: np.asarray(v) for k, v in counters.items()}
+  c = _fields(np.asarray(counters), len(labels))
   return stats_lib.RunStats(
       batch_size=int(batch_size), steps=int(c["steps"]),
       active_members=int(c["active"]), max_stack_depth=int(c["high"]),
@@ -77,13 +95,16 @@ def to_stats(counters, batch_size, labels):
 def to_tensors(counters, labels):
   """Final counters traced in a graph, under `RunStats`' field names
   (`block_executions` by block label, `batched_primitive_members` the
-  histogram vector)."""
+  histogram vector). The sums over steps are int64, the rest int32."""
+  c = _fields(counters, len(labels))
+  def small(x):
+    return tf.cast(x, tf.int32)
   return {
-      "steps": counters["steps"],
-      "active_members": counters["active"],
-      "max_stack_depth": counters["high"],
-      "batched_primitive_rows": counters["rows"],
-      "batched_primitive_members": counters["members"],
-      "block_executions": {label: counters["executions"][i]
+      "steps": small(c["steps"]),
+      "active_members": c["active"],
+      "max_stack_depth": small(c["high"]),
+      "batched_primitive_rows": c["rows"],
+      "batched_primitive_members": small(c["members"]),
+      "block_executions": {label: small(c["executions"][i])
                            for i, label in enumerate(labels)},
   }

@@ -61,15 +61,20 @@ class Schedule:
       # halted members' segment is dropped.
       counts = tf.math.unsorted_segment_sum(
           tf.ones_like(pc_top), pc_top, halt + 1)[:halt]
-    most = tf.reduce_max(counts)
-    if self._model_blocks is not None:
+    if self._model_blocks is None:
+      most = tf.reduce_max(counts)
+    else:
       # Blocks that call a @batched_primitive (the model: the expensive
       # part) wait while any other block has members, so that they run for
-      # as many members as can reach them.
-      others = counts * (1 - tf.constant(self._model_blocks, tf.int32))
-      most_others = tf.reduce_max(others)
-      counts = tf.where(most_others > 0, others, counts)
-      most = tf.where(most_others > 0, most_others, most)
+      # as many members as can reach them. Both maxima in one reduction,
+      # the mask applied inside it: under XLA each reduction, and a masked
+      # count that two of them read, was a kernel launched every VM step.
+      not_model = 1 - tf.constant(self._model_blocks, tf.int32)
+      maxima = tf.reduce_max(
+          counts * tf.stack([tf.ones_like(not_model), not_model]), 1)
+      most_others = maxima[1]
+      counts = tf.where(most_others > 0, counts * not_model, counts)
+      most = tf.where(most_others > 0, most_others, maxima[0])
     if self.name in ("crowded_lowest_pc", "primitives_last"):
       # The lowest block holding at least half as many members as the most
       # crowded one: keeps lowest-pc's depth-first recursion, but does not
