@@ -494,21 +494,48 @@ def test_code_run_by_several_blocks_is_vectorised_once(backend, monkeypatch):
   assert len(vectorised) == len(set(vectorised)) > 0
 
 
+@tab.batch
+def _steps_down(n):
+  # For the tests that count traces: its runtimes are theirs alone (other
+  # tests' calls of fib trace fib's).
+  if n <= 0:
+    return n
+  return _steps_down(n - 1) - 1
+
+
 @pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
 def test_no_retracing_on_new_values(backend):
   x = np.array([5, 9, 2, 0], np.int32)
-  fib(x, backend=backend)
-  runtime = pipeline.runtime(fib, INT, backend)
+  _steps_down(x, backend=backend)
+  runtime = pipeline.runtime(_steps_down, INT, backend)
   traces = runtime.trace_count
-  fib(x + 1, backend=backend)
+  np.testing.assert_array_equal(_steps_down(x + 1, backend=backend), -x - 1)
   assert runtime.trace_count == traces == 1
-  # pc:graph leaves the batch dimension out of its signature; pc:xla, which
-  # compiles per batch size anyway, traces once per batch size.
-  fib(x[:3], backend=backend)
-  fib(x[:3] + 1, backend=backend)
-  assert runtime.trace_count == (1 if backend == "pc:graph" else 2)
-  np.testing.assert_array_equal(fib(x, backend=backend),
-                                [_fib_np(i) for i in x])
+  # Both trace once per batch size (pc:graph for its first few sizes).
+  _steps_down(x[:3], backend=backend)
+  _steps_down(x[:3] + 1, backend=backend)
+  assert runtime.trace_count == 2
+
+
+def test_pc_graph_traces_its_first_sizes_alone_then_one_trace_for_all():
+  @tab.batch
+  def steps_down(n):   # this test's own: no other test has traced it
+    if n <= 0:
+      return n
+    return steps_down(n - 1) - 1
+
+  backend = "pc:graph"
+  x = np.arange(12, dtype=np.int32) % 7
+  sizes = range(1, pc_vm.GRAPH_SIZES_TRACED + 4)
+  for n in sizes:
+    np.testing.assert_array_equal(steps_down(x[:n], backend=backend),
+                                  -x[:n])
+  runtime = pipeline.runtime(steps_down, INT, backend)
+  # One trace per size up to the limit, then one more for any size.
+  assert runtime.trace_count == pc_vm.GRAPH_SIZES_TRACED + 1
+  for n in sizes:   # every size again: no new trace
+    steps_down(x[:n] + 1, backend=backend)
+  assert runtime.trace_count == pc_vm.GRAPH_SIZES_TRACED + 1
 
 
 @tab.batch

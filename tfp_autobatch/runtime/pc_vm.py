@@ -66,6 +66,11 @@ from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import variable_store
 from tfp_autobatch.runtime import vectorize
 
+# How many static batch sizes `pc:graph` traces a VM of its own for (each
+# trace costs a first call: about 0.7 s for fib, several seconds for NUTS);
+# further sizes share one trace for any size (`PcVmRuntime.compiled_for`).
+GRAPH_SIZES_TRACED = 8
+
 # The name scope of block i's ops in the compiled loop is BLOCK_SCOPE + i
 # (for profiles: XLA keeps TensorFlow's op names in its instructions'
 # metadata).
@@ -185,23 +190,32 @@ class PcVmRuntime:
   def compiled_for(self, args):
     """The VM's `tf.function` for a batch like `args`.
 
-    `pc:graph` traces once for every batch size (the batch dimension is
-    left unknown). `pc:xla` compiles per batch size anyway, and traces per
-    static batch size as well: with the size known, pfor reads each row of
-    a primitive's inputs as the input itself, where with an unknown size it
+    `pc:xla` compiles per batch size anyway, and traces per static batch
+    size as well: with the size known, pfor reads each row of a
+    primitive's inputs as the input itself, where with an unknown size it
     gathers every row by its index (a gather XLA does not remove, and
     repeats inside the fused kernels that read it): one NUTS transition
     on the 100-d Gaussian at 4 chains went from 5.7 to 4.1 ms in an
     in-process A/B (benchmarks/results/HISTORY.md, "Cost of a VM step,
-    change by change"). A batch of unknown size
-    (inside a caller's `tf.function` with unknown shapes) gets the
-    unknown-size trace. `pc:graph` inside a caller's
+    change by change"). `pc:graph` traces per static batch size for its
+    first `GRAPH_SIZES_TRACED` sizes, and once more for all other sizes
+    (the batch dimension left unknown): TensorFlow folds the known size's
+    shapes, ranges and fills out of the loop, and pfor's row gathers with
+    it (fib on 4 members: 239 graph nodes run per VM step with the size
+    unknown, 198 with it known). A batch of unknown size (inside a
+    caller's `tf.function` with unknown shapes) gets the unknown-size
+    trace. `pc:graph` inside a caller's
     `tf.function(jit_compile=True)` gets a trace of its own, which XLA can
     compile (`pfor_conditions`), and which is called as pc:xla's is
     (`_concrete_for`).
     """
-    size = _static_batch_size(args) if self.mode == "xla" else None
-    key = (size, self.mode == "graph" and pfor_conditions.in_xla_context())
+    size = _static_batch_size(args)
+    for_xla = self.mode == "graph" and pfor_conditions.in_xla_context()
+    if (self.mode == "graph" and (size, for_xla) not in self._compiled
+        and sum(s is not None for s, _ in self._compiled)
+        >= GRAPH_SIZES_TRACED):
+      size = None
+    key = (size, for_xla)
     compiled = self._compiled.get(key)
     if compiled is None:
       signature = [tf.nest.map_structure(lambda t: t.spec((size,)),
