@@ -122,3 +122,22 @@ def test_compiled_loop_scatters_once_per_bank():
   writing = [d for d in dispatches if d.stack_capacity[("int32", ())]]
   assert all(not any(d.bank_capacity.values()) for d in dispatches)
   assert len(re.findall(r" scatter\(", hlo)) == len(writing) >= 1
+
+
+def test_flat_rows_of_stacks_past_two_to_the_31_rows_are_int64():
+  # A [D, Z] stack seen as D * Z rows: with D * Z >= 2**31 the int32 row
+  # `sp * Z + i` wrapped negative (a member 2,048 frames deep of 2**20).
+  z, depth = 2**20, 4096
+  sp = tf.constant([2047, 4095], tf.int32)
+  # Two members of a batch of 2**20: their rows, as the first two.
+  rows = stack_banks._flat_rows(depth, tf.concat(   # pylint: disable=protected-access
+      [sp, tf.zeros([z - 2], tf.int32)], 0))[:2]
+  assert rows.dtype == tf.int64
+  assert rows.numpy().tolist() == [2047 * z, 4095 * z + 1]
+  # Within int32 the rows stay int32 (the common case, and XLA's).
+  small = stack_banks._flat_rows(16, tf.constant([3, 0]))   # pylint: disable=protected-access
+  assert small.dtype == tf.int32 and small.numpy().tolist() == [6, 1]
+  # A batch size unknown at trace time cannot be checked: int64.
+  unknown = tf.function(stack_banks._flat_rows).get_concrete_function(   # pylint: disable=protected-access
+      16, tf.TensorSpec([None], tf.int32))
+  assert unknown.structured_outputs.dtype == tf.int64
