@@ -912,6 +912,23 @@ def gather_lookup(v, i):
   return tf.gather(v, i) * 2.0, tf.gather(TABLE, i + 3)
 
 
+HEAD = tf.constant(3)
+
+
+@register(args(floats(-1.0, 1.0, np.float32, shape=(5,)), ints(-4, 4, extremes=(-4, 4))),
+          tf.float32,
+          oracle=lambda v, i: (v[:3].sum() + v[1:-1].sum() + v[::-2].sum() + v[3:][0]
+                               + v[int(i)] + v[:4][::-1][int(i) % 4]))
+@tab.batch
+def slices(v, i):
+  """Slices with bounds known when traced (literals, a closure tensor, a
+  local Python int, the length), the last indexed per example."""
+  start = 3
+  total = tf.reduce_sum(v[:HEAD]) + tf.reduce_sum(v[1:-1])
+  total += tf.reduce_sum(v[::-2]) + v[start:][0]
+  return total + v[i] + v[:tf.shape(v)[0] - 1][::-1][i % 4]
+
+
 # ---------------------------------------------------------------------------
 # Closures, helpers, lambdas, calls between batched functions.
 

@@ -352,6 +352,23 @@ def test_code_pfor_cannot_vectorise_runs_as_a_loop_with_a_warning(
   assert "falls back to a sequential loop" in caplog.text
 
 
+@pytest.mark.parametrize("strict", ["0", "1"])
+@pytest.mark.parametrize("backend", ["local:eager", "pc:xla"])
+def test_code_whose_shapes_differ_by_example_is_a_clear_error(
+    backend, strict, monkeypatch):
+  # pfor cannot vectorise tf.boolean_mask, and its loop over the batch
+  # failed with an obscure TensorListStack error (local:eager, pc:eager,
+  # pc:graph) or, compiled by XLA, returned [5, 3, 4.5] for [4, 5, 4.5].
+  monkeypatch.setenv("TFP_AUTOBATCH_STRICT_PFOR", strict)
+  @tab.batch
+  def positive_sum(v):
+    return tf.reduce_sum(tf.boolean_mask(v, v > 0.0))
+  v = np.array([[1., -2., 3.], [-1., 0., 5.], [2., 2., 0.5]], np.float32)
+  with pytest.raises(tab.AutobatchError,
+                     match=r"line \d+ .*shape depends on the example.*Where"):
+    positive_sum(v, backend=backend)
+
+
 @pytest.mark.parametrize("backend", tab.BACKENDS)
 def test_values_with_no_elements(backend):
   # A per-example shape with a zero (here [0]) used to crash the local

@@ -819,6 +819,22 @@ def test_a_literal_of_strong_type_still_indexes_a_python_tuple(backend):
   np.testing.assert_array_equal(out, 2.0 * _F64 + _I64)
 
 
+@pytest.mark.parametrize("backend", ["local:eager", "pc:xla"])
+def test_a_slice_with_per_example_bounds_is_a_clear_error(backend):
+  # `v[i:i + 2]` is empty where `i` is -1 (v[-1:1]): its length differs by
+  # example. pfor fell back to a loop over the batch, which failed with an
+  # obscure TensorListStack error on the other backends and, compiled by
+  # XLA, returned 5.0 for the member [-1, 0, 5] (Python: 0.0).
+  @tab.batch
+  def f(v, i):
+    return tf.reduce_sum(v[i:i + 2])
+  v = np.array([[1., 2., 3.], [-1., 0., 5.]], np.float32)
+  with pytest.raises(tab.TypeInferenceError,
+                     match=r"line \d+\) .*slice whose bounds are computed per "
+                           r"example.*tf\.gather"):
+    f(v, np.array([0, -1], np.int32), backend=backend)
+
+
 def _float32_over(x, b):
   b = tf.constant(1.0, tf.float32)   # a tensor of another dtype
   return b

@@ -30,6 +30,18 @@ def _safe_operand(node):
   return False
 
 
+def _literal_slice(index):
+  """Whether `index` is a slice whose bounds are literals (`v[1:-1]`), which
+  `pyops.getitem` need not see: other slices go there to be checked."""
+  if not isinstance(index, ast.Slice):
+    return False
+  def literal(bound):
+    if isinstance(bound, ast.UnaryOp) and isinstance(bound.op, ast.USub):
+      bound = bound.operand
+    return bound is None or isinstance(bound, ast.Constant)
+  return all(literal(b) for b in (index.lower, index.upper, index.step))
+
+
 class ExpressionLowering(ast.NodeTransformer):
   """Rewrites one expression, emitting ops and blocks into the converter."""
 
@@ -115,7 +127,7 @@ class ExpressionLowering(ast.NodeTransformer):
 
   def visit_Subscript(self, node):
     node = self.generic_visit(node)
-    if not isinstance(node.ctx, ast.Load) or isinstance(node.slice, ast.Slice):
+    if not isinstance(node.ctx, ast.Load) or _literal_slice(node.slice):
       return node
     return ast.copy_location(
         pyops.call("getitem", [node.value, node.slice]), node)

@@ -171,7 +171,7 @@ def getitem(value, index):
   indices = index if isinstance(index, tuple) else (index,)
   if all(isinstance(i, int) for i in indices) or any(
       isinstance(i, slice) or i is None or i is Ellipsis for i in indices):
-    return value[index]
+    return _checked_slice(value, index, indices)
   value = tf.convert_to_tensor(value)
   indices = [tf.convert_to_tensor(i) for i in indices]
   if len(indices) == 1:
@@ -183,6 +183,30 @@ def getitem(value, index):
              for i, d in zip(indices, tf.unstack(dims))]
   common = wrapped[0].dtype
   return tf.gather_nd(value, tf.stack([tf.cast(i, common) for i in wrapped]))
+
+
+def _checked_slice(value, index, indices):
+  """`value[index]`, for an index with slices, `None` or `...`.
+
+  A slice whose bounds are computed when the program runs (`v[i:]` for a
+  per-example `i`) has a length that may differ by example, which no batch
+  can hold: pfor cannot vectorise it, and its loop over the batch fails
+  (or, compiled by XLA, returns wrong values). So such a slice is an error,
+  found when the code is traced: its result's length is unknown then.
+  """
+  result = value[index]
+  bounds = [b for i in indices if isinstance(i, slice)
+            for b in (i.start, i.stop, i.step)]
+  if (any(tf.is_tensor(b) for b in bounds)
+      and value.shape.is_fully_defined()
+      and not result.shape.is_fully_defined()):
+    raise TypeError(
+        "a slice whose bounds are computed per example (`v[i:j]` with "
+        "per-example `i` or `j`): its length could differ from example to "
+        "example, which a batch cannot hold. Slice with Python ints, or "
+        "take a fixed number k of elements with `tf.gather(v, i + "
+        "tf.range(k))` (and tf.where to mask those past the end)")
+  return result
 
 
 class _Assignments:

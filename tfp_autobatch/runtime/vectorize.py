@@ -162,6 +162,41 @@ def _eager_vectorized_map(body, batched_args, fallback_to_while_loop):
     tf_logger.removeFilter(_EAGER_FUNCTIONS_WARNING)
 
 
+def _check_shapes_do_not_vary(per_example, batched_args, code):
+  """Raises if the code, traced for one example, computes a value whose
+  shape it does not know (`tf.boolean_mask(v, v > 0)`, `tf.range(n)`):
+  one that may differ by example, which no batch can hold. pfor cannot
+  vectorise such an op, and its loop over the batch fails with an obscure
+  TensorListStack error or, compiled by XLA, returns wrong values. (Only
+  called where pfor has failed: code it vectorises is left alone.)"""
+  specs = [tf.TensorSpec(x.shape[1:], x.dtype)
+           for x in tf.nest.flatten(batched_args)]
+  if not all(s.shape.is_fully_defined() for s in specs):
+    return
+  graph = tf.__internal__.FuncGraph("tab_check_shapes")
+  with graph.as_default():
+    placeholders = [tf.compat.v1.placeholder(s.dtype, s.shape) for s in specs]
+    try:
+      per_example(*tf.nest.pack_sequence_as(tuple(batched_args),
+                                            placeholders))
+    except Exception:  # pylint: disable=broad-except
+      return   # the fallback reports it as before
+  for op in graph.get_operations():
+    for out in op.outputs:
+      if (out.dtype not in (tf.resource, tf.variant)
+          and out.shape.rank is not None
+          and not out.shape.is_fully_defined()):
+        raise errors.AutobatchError(
+            f"the code at {code.filename}, line {code.lineno} "
+            f"(`{code.source}`) computes a value whose shape depends on "
+            f"the example (op {op.name!r} of type {op.type}, shape "
+            f"{out.shape}), which a batch cannot hold: every example's "
+            "values must have the same shape. Keep the shape fixed and "
+            "mask instead: tf.where(v > 0, v, 0) rather than "
+            "tf.boolean_mask, a fixed-length tf.range with a mask rather "
+            "than tf.range(n) for a per-example n")
+
+
 def vectorized_map(per_example, batched_args, code):
   """`per_example(*args)` on every row of `batched_args`, with pfor.
 
@@ -175,6 +210,7 @@ def vectorized_map(per_example, batched_args, code):
     return _eager_vectorized_map(body, batched_args,
                                  fallback_to_while_loop=False)
   except (ValueError, NotImplementedError, TypeError) as e:
+    _check_shapes_do_not_vary(per_example, batched_args, code)
     if strict_vectorization():
       raise errors.AutobatchError(
           f"cannot vectorise the code at {code.filename}, line {code.lineno} "
