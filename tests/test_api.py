@@ -756,3 +756,23 @@ def test_a_saved_model_runs_where_tfp_autobatch_is_not_imported(
             "print(json.dumps({'out': out.numpy().tolist(), "
             "'imported': 'tfp_autobatch' in sys.modules}))\n")
   assert fresh_python(script) == {"out": [5, 13, 55], "imported": False}
+
+
+@tab.batch
+def _affine(x, scale):
+  return x * scale + 1.
+
+
+def test_batches_passed_by_keyword_bind_as_in_python():
+  x = np.array([1., 2.], np.float32)
+  scale = np.array([3., 4.], np.float32)
+  expected = [4., 9.]
+  np.testing.assert_allclose(_affine(scale=scale, x=x), expected)
+  np.testing.assert_allclose(_affine(x, scale=scale, backend="pc:graph"),
+                             expected)
+  with pytest.raises(TypeError, match="unexpected keyword argument 'y'"):
+    _affine(x, y=scale)
+  with pytest.raises(TypeError, match="multiple values for argument 'x'"):
+    _affine(x, x=scale)
+  with pytest.raises(TypeError, match="missing the batch argument 'scale'"):
+    _affine(x=x)

@@ -120,10 +120,14 @@ class BatchedFunction:
     return tuple(inspect.signature(self.python_function).parameters)
 
   @tf.autograph.experimental.do_not_convert
-  def __call__(self, *args, backend=None):
-    """Runs the function on a batch: one positional argument per parameter,
-    each a batch; `backend` (a name in `tab.BACKENDS`) overrides the
-    function's and the scope's default for this call."""
+  def __call__(self, *args, backend=None, **batches):
+    """Runs the function on a batch: one argument per parameter, each a
+    batch, by position or by the parameter's name (as a Python call
+    binds them; a parameter named `backend` only by position); `backend`
+    (a name in `tab.BACKENDS`) overrides the function's and the scope's
+    default for this call."""
+    if batches:
+      args = self._in_parameter_order(args, batches)
     if _UNBATCHED.get():
       return self.python_function(*args)
     if vectorize.inside_vectorized_code.get():
@@ -153,6 +157,25 @@ class BatchedFunction:
     self.last_stats = runtime.stats
     self.last_stats_tensors = getattr(runtime, "stats_tensors", None)
     return result
+
+  def _in_parameter_order(self, args, batches):
+    """The positional `args` and the keyword `batches` as one tuple in
+    parameter order, with Python's errors for names that do not bind."""
+    params = self.param_names
+    unknown = sorted(set(batches) - set(params))
+    if unknown:
+      raise TypeError(
+          f"{self!r} got an unexpected keyword argument {unknown[0]!r}; its "
+          f"batch arguments are ({', '.join(params)})")
+    twice = sorted(set(params[:len(args)]) & set(batches))
+    if twice:
+      raise TypeError(f"{self!r} got multiple values for argument "
+                      f"{twice[0]!r}")
+    missing = [p for p in params[len(args):] if p not in batches]
+    if missing:
+      raise TypeError(f"{self!r} is missing the batch argument "
+                      f"{missing[0]!r}")
+    return tuple(args) + tuple(batches[p] for p in params[len(args):])
 
   def ir(self, level=1):
     """The program as IR-1 (typed for the last call's inputs, if any), or
