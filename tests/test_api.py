@@ -174,6 +174,19 @@ def test_a_helper_doing_what_only_a_batch_body_can_is_a_clear_error(
     f(x, backend=backend)
 
 
+@pytest.mark.parametrize("python_cast, tf_cast", [
+    ("int", "tf.int32"), ("float", "tf.float32")])
+def test_python_number_casts_of_values_point_to_tf_cast(python_cast,
+                                                        tf_cast):
+  @tab.batch
+  def f(x):
+    return x + {"int": int, "float": float}[python_cast](x)
+  with pytest.raises(tab.TypeInferenceError,
+                     match=rf"instead of {python_cast}\(x\) write "
+                     rf"tf.cast\(x, {tf_cast}\)"):
+    f(np.array([1.5, 2.5], np.float32), backend="local:eager")
+
+
 def test_default_arguments_are_rejected_whatever_the_count():
   # Leaving the defaulted argument out gave only "takes 2 batch arguments".
   @tab.batch

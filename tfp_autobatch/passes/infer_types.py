@@ -340,6 +340,16 @@ def _raise_fails_on(op, in_types, e):
   if isinstance(e, TypeError) and "list indices" in str(e):
     hint = (". A Python list cannot be indexed by a per-example value: "
             "stack it (`tf.stack(values)`) and index with `tf.gather`")
+  casts = {"int": "tf.int32", "float": "tf.float32",
+           "complex": "tf.complex64"}
+  python_cast = str(e).split("()", 1)[0]
+  if (isinstance(e, TypeError) and "Tensor'" in str(e)
+      and python_cast in casts and str(e).startswith(python_cast + "()")):
+    hint = (". A per-example value is a tensor, not a Python number: "
+            f"instead of {python_cast}(x) write tf.cast(x, "
+            f"{casts[python_cast]})"
+            + (" (after tf.math.floor or tf.math.round, which pick the "
+               "rounding)" if python_cast == "int" else ""))
   if isinstance(e, tf.errors.OperatorNotAllowedInGraphError):
     hint = (". (Not a matter of eager execution or tf.function here: "
             "Python's `if`, `while`, `min`/`max`, `in` and `bool()` of a "
