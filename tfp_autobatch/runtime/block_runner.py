@@ -105,9 +105,14 @@ class BlockRunner:
     variables = dict(state["vars"])
     pc_top = state["pc_top"]
     z = batch_state.size(pc_top)
-    static_z = pc_top.shape[0]   # known under pc:xla (`compiled_for`)
-    if static_z == 1:
-      # The one member is at this block: the schedule picked it.
+    static_z = pc_top.shape[0]   # known in most traces (`compiled_for`)
+    if static_z == 1 and self.mode == "xla":
+      # The one member is at this block: the schedule picked it. Not
+      # outside XLA: TensorFlow's graph optimiser (Grappler's constant
+      # folding with its dependency optimisation) miscompiles a `tf.cond`
+      # whose predicate it folds to a constant inside the VM's loop (the
+      # model call's `any member?`, here), and the caller's function
+      # returned empty float32 tensors for all its results.
       active = tf.ones([1], tf.bool)
     else:
       active = tf.equal(pc_top, index)
