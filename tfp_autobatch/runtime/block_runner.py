@@ -10,8 +10,9 @@ dispatches, is the VM's business, not this module's.
 
 Every primitive runs on all Z rows, inactive rows fed a copy of an active
 row's inputs (so junk can never raise or poison), and results are kept with
-`tf.where(active, new, old)`. Under XLA, which never raises, inactive rows
-keep their own junk. A `@batched_primitive` runs on the members only
+`tf.where(active, new, old)`. Under XLA, which never raises, and in blocks
+whose code raises on no values (`raise_free`), inactive rows keep their
+own junk. A `@batched_primitive` runs on the members only
 (`batched_primitive_calls`). Temporaries live only in the block's local
 environment; a value that is dead after the block is not written back.
 """
@@ -25,6 +26,7 @@ from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.passes import liveness
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import batched_primitive_calls
+from tfp_autobatch.runtime import raise_free
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
 
@@ -89,6 +91,7 @@ class BlockRunner:
     self.depth = depth
     self.live_out = values_live_out(program)
     self.labels = program.block_index()
+    self._harmless = {}   # block label -> `_junk_is_harmless`
     if program.cached_top:
       for block in program.blocks:
         _check_hoistable(block)
@@ -116,13 +119,16 @@ class BlockRunner:
       active = tf.ones([1], tf.bool)
     else:
       active = tf.equal(pc_top, index)
-    source = _row_sources(active)
+    # Under XLA, which clamps out-of-range indices instead of raising,
+    # and for code that raises on no values (`raise_free`), inactive rows
+    # compute junk that the write-back's select discards: their inputs
+    # need no cleaning.
+    harmless = self.mode == "xla" or self._junk_is_harmless(block)
+    source = None if harmless else _row_sources(active)
     writes = {}
 
     def sanitize(value):
-      if self.mode == "xla":
-        # XLA clamps out-of-range indices instead of raising, and junk
-        # rows are discarded by the write-back's select: no copy is needed.
+      if harmless:
         return value
       return tf.nest.map_structure(lambda x: tf.gather(x, source), value)
 
@@ -180,13 +186,14 @@ class BlockRunner:
     def primitive(op, guard):
       """The values of another primitive, on every row. It runs on every
       row; with a guard, for its members only: under XLA it still runs on
-      every row like the rest of the block; elsewhere user code may
-      raise on the rows that would not have run it (an index past the
-      end that the guard tests for), so those rows get a guarded
-      member's inputs, and nothing runs when no member is guarded in."""
+      every row like the rest of the block, and so does code that raises
+      on no values; elsewhere user code may raise on the rows that would
+      not have run it (an index past the end that the guard tests for),
+      so those rows get a guarded member's inputs, and nothing runs when
+      no member is guarded in."""
       ins = [read(v) for v in op.ins]
       kernel = kernel_of(op)
-      if guard is None or self.mode == "xla":
+      if guard is None or harmless:
         return kernel(z, *ins)
       runs = members(guard)
       source_g = _row_sources(runs)
@@ -251,6 +258,15 @@ class BlockRunner:
     rows = tf.add_n([tf.constant(0)] + [tf.cast(r, tf.int32)
                                         for r in model_rows])
     return state, writes, rows, model_members
+
+  def _junk_is_harmless(self, block):
+    """Whether every primitive of `block` that runs on all rows raises on
+    no values (`raise_free`), so that inactive rows need no active row's
+    inputs. (A `@batched_primitive` runs on its members' rows only.)"""
+    if block.label not in self._harmless:
+      self._harmless[block.label] = raise_free.block_cannot_raise(
+          self.program, block)
+    return self._harmless[block.label]
 
   def _terminate(self, terminator, state, pc_stack, writes, active, read):
     """Moves the active members' pc as `terminator` says (pushing a return

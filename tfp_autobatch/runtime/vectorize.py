@@ -78,7 +78,9 @@ def call_single_example_code(op, *ins, out_types=None):
     inside_vectorized_code.reset(token)
 
 
-def _per_example(op, out_types):
+def single_example_fn(op, out_types):
+  """`run(*ins)`: primitive `op`'s code on one example's inputs, its
+  outputs conformed to `out_types`."""
   def run(*ins):
     outs = call_single_example_code(op, *ins, out_types=out_types)
     return tuple(conform(v, t) for v, t in zip(outs, out_types))
@@ -286,11 +288,11 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
       return _with_rows(tuple(conform(v, t) for v, t in zip(outs, out_types)),
                         n, op.code)
     return run_batched
-  per_example = _per_example(op, out_types)
+  per_example_fn = single_example_fn(op, out_types)
   if not op.ins:
     def run_constant(n, *ins):
       del ins
-      outs = per_example()
+      outs = per_example_fn()
       return tf.nest.map_structure(
           lambda x: tf.broadcast_to(x, tf.concat([[n], tf.shape(x)], 0)), outs)
     return run_constant
@@ -298,9 +300,9 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
   def run_vectorized(n, *ins):
     del n
     if not compiled_by_xla:
-      return vectorized_map(per_example, ins, op.code)
+      return vectorized_map(per_example_fn, ins, op.code)
     with pfor_conditions.as_selects():
-      outs = vectorized_map(per_example, ins, op.code)
+      outs = vectorized_map(per_example_fn, ins, op.code)
     return _computed_once(outs, ins) if inside_xla else outs
   return run_vectorized
 

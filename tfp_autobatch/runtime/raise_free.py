@@ -1,0 +1,98 @@
+"""Which primitives leave the rows of inactive members harmless outside XLA.
+
+A block runs each primitive on all Z rows and keeps the active members'
+results (`block_runner`). Outside XLA the inactive rows' inputs are junk
+that user code may raise on (an index past the end, a division by zero),
+so those rows are first given an active row's inputs (a gather per value
+read), and a guarded primitive runs inside a `tf.cond` on a guarded
+member's inputs. Both cost every VM step: on collatz under `pc:graph` the
+steps took about 1.5-1.9x as long as without them.
+
+Code made only of integer and boolean ops that compute on any inputs
+without raising (sums, comparisons, selects; a division by a constant
+with no zero) needs neither: junk rows compute junk, which the block
+discards. Floating-point code is never counted harmless: a junk row's NaN
+or infinity would turn the discarded branch's zero gradient into NaN
+(`0 * inf`) for `pc:graph`'s gradients.
+"""
+import tensorflow as tf
+
+from tfp_autobatch.ir import ir2
+from tfp_autobatch.runtime import vectorize
+
+# Ops that raise on no integer or boolean values of their inputs.
+_TOTAL_OPS = frozenset({
+    "Placeholder", "Const", "Identity", "IdentityN", "NoOp", "Cast",
+    "AddV2", "Add", "Sub", "Mul", "Neg", "Abs", "Sign", "Square",
+    "Maximum", "Minimum", "Less", "LessEqual", "Greater", "GreaterEqual",
+    "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
+    "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Invert", "Select",
+    "SelectV2", "ZerosLike", "OnesLike", "Pack",
+})
+# Integer divisions: they raise on a zero divisor (their second input).
+_DIVISIONS = frozenset({"FloorDiv", "FloorMod", "TruncateDiv",
+                        "TruncateMod", "Div"})
+# Ops whose other inputs (axes, bounds) must be constants: reductions over
+# fixed axes, slices at fixed places.
+_CONSTANT_OPERANDS = {"Sum": [1], "Prod": [1], "Max": [1], "Min": [1],
+                      "All": [1], "Any": [1],
+                      "StridedSlice": [1, 2, 3]}
+
+
+def _is_integer_or_bool(dtype):
+  return dtype.is_integer or dtype == tf.bool
+
+
+def _constant(tensor):
+  """The value of `tensor` if a `Const` op makes it, else None."""
+  if tensor.op.type != "Const":
+    return None
+  return tf.get_static_value(tensor)
+
+
+def _op_cannot_raise(op):
+  if not all(_is_integer_or_bool(t.dtype)
+             for t in list(op.inputs) + list(op.outputs)):
+    return False
+  if op.type in _TOTAL_OPS:
+    return True
+  if op.type in _DIVISIONS:
+    divisor = _constant(op.inputs[1])
+    return divisor is not None and bool((divisor != 0).all())
+  if op.type in _CONSTANT_OPERANDS:
+    return all(_constant(op.inputs[i]) is not None
+               for i in _CONSTANT_OPERANDS[op.type])
+  return False
+
+
+def cannot_raise(op, in_types, out_types):
+  """Whether primitive `op` (IR-2, not batched), on per-example inputs of
+  `in_types`, is integer and boolean code that raises on no values (see
+  the module docstring). Traces its code once, for one example, unless
+  its inputs or outputs already rule it out."""
+  if not all(_is_integer_or_bool(t.dtype)
+             for t in tf.nest.flatten([in_types, out_types])):
+    return False
+  graph = tf.__internal__.FuncGraph("tab_raise_free")
+  with graph.as_default():
+    ins = [tf.nest.map_structure(
+        lambda t: tf.compat.v1.placeholder(t.dtype, t.shape), t)
+           for t in in_types]
+    try:
+      vectorize.single_example_fn(op, out_types)(*ins)
+    except Exception:  # pylint: disable=broad-except
+      return False   # the runtime's own trace reports it
+  return all(_op_cannot_raise(o) for o in graph.get_operations())
+
+
+def block_cannot_raise(program, block):
+  """Whether every primitive of IR-2 `block` that runs on all rows raises
+  on no values (`cannot_raise`). A `@batched_primitive` runs on its
+  members' rows only, and the VM's own ops (pushes, pops, moves, the
+  terminator) on any rows."""
+  types = program.types
+  return all(
+      cannot_raise(op, [types[v] for v in op.ins],
+                   [types[v] for v in op.outs])
+      for op in map(ir2.unguarded, block.ops)
+      if isinstance(op, ir2.Primitive) and not op.batched)
