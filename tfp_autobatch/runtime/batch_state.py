@@ -76,6 +76,12 @@ def where(mask, new, old):
   # per leaf cost the trace four ops each, a few thousand in a NUTS trace.
   masks = {0: mask}
   def leaf(n, o):
+    if (mask.shape.rank == 1 and n.shape.rank == o.shape.rank
+        and n.shape.is_compatible_with(o.shape)):
+      # TensorFlow's first Select takes a mask of the rows as it is, and
+      # skips SelectV2's broadcasting: about 1 us less a call on a CPU
+      # (every VM step of `pc:graph` makes several).
+      return tf.raw_ops.Select(condition=mask, x=n, y=o)
     extra = n.shape.rank - mask.shape.rank
     if extra not in masks:
       masks[extra] = mask[(Ellipsis,) + (None,) * extra]
