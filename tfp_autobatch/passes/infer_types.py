@@ -288,7 +288,7 @@ def _strong_only(var_type):
 
 def _trace_types(op, in_types, out_types):
   """`(output types, whether the code assigned a Python number)`; traces
-  the code (`_trace_in_scratch_graph`)."""
+  the code (`vectorize.trace_in_scratch_graph`)."""
   found = []
 
   def trace(*args):
@@ -304,7 +304,7 @@ def _trace_types(op, in_types, out_types):
         lambda t, v=literal: _abstract_arg(t, op.batched, v), t)
             for t in in_types]
     try:
-      _trace_in_scratch_graph(trace, args)
+      vectorize.trace_in_scratch_graph(trace, args)
       return found[0]
     except errors.AutobatchError:
       raise
@@ -314,22 +314,6 @@ def _trace_types(op, in_types, out_types):
       _raise_fails_on(op, in_types, e)
     except Exception as e:  # pylint: disable=broad-except
       _raise_fails_on(op, in_types, e)
-
-
-def _trace_in_scratch_graph(fn, args):
-  """Calls `fn` on `args` (TensorSpecs as placeholders) in a fresh
-  FuncGraph, which captures the eager tensors the code closes over (and
-  tensors of an enclosing graph) as `tf.function` would. Only the types
-  are wanted: a `tf.function` made and traced here for each primitive
-  (a function object, a signature, automatic control dependencies, a
-  function definition in the runtime) took three quarters of type
-  inference (0.62 of 0.83 s for 161 primitives, 0.48 of 0.64 s for NUTS's
-  31 traces, cProfile)."""
-  graph = tf.__internal__.FuncGraph("tab_infer_types")
-  with graph.as_default():
-    fn(*tf.nest.map_structure(
-        lambda a: (tf.compat.v1.placeholder(a.dtype, a.shape)
-                   if isinstance(a, tf.TensorSpec) else a), args))
 
 
 def _raise_fails_on(op, in_types, e):

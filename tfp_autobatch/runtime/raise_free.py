@@ -73,15 +73,12 @@ def cannot_raise(op, in_types, out_types):
   if not all(_is_integer_or_bool(t.dtype)
              for t in tf.nest.flatten([in_types, out_types])):
     return False
-  graph = tf.__internal__.FuncGraph("tab_raise_free")
-  with graph.as_default():
-    ins = [tf.nest.map_structure(
-        lambda t: tf.compat.v1.placeholder(t.dtype, t.shape), t)
-           for t in in_types]
-    try:
-      vectorize.single_example_fn(op, out_types)(*ins)
-    except Exception:  # pylint: disable=broad-except
-      return False   # the runtime's own trace reports it
+  try:
+    graph = vectorize.trace_in_scratch_graph(
+        vectorize.single_example_fn(op, out_types),
+        [tf.nest.map_structure(lambda t: t.spec(), t) for t in in_types])
+  except Exception:  # pylint: disable=broad-except
+    return False   # the runtime's own trace reports it
   return all(_op_cannot_raise(o) for o in graph.get_operations())
 
 

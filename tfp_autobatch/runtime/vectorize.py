@@ -164,6 +164,23 @@ def _eager_vectorized_map(body, batched_args, fallback_to_while_loop):
     tf_logger.removeFilter(_EAGER_FUNCTIONS_WARNING)
 
 
+def trace_in_scratch_graph(fn, args):
+  """The graph of `fn` called on `args` (TensorSpecs as placeholders) in a
+  fresh FuncGraph, which captures the eager tensors the code closes over
+  (and tensors of an enclosing graph) as `tf.function` would; what `fn`
+  raises propagates. For what tracing tells (types, shapes, ops): a
+  `tf.function` made and traced for each primitive (a function object, a
+  signature, automatic control dependencies, a function definition in the
+  runtime) took three quarters of type inference (0.62 of 0.83 s for 161
+  primitives, 0.48 of 0.64 s for NUTS's 31 traces, cProfile)."""
+  graph = tf.__internal__.FuncGraph("tab_scratch")
+  with graph.as_default():
+    fn(*tf.nest.map_structure(
+        lambda a: (tf.compat.v1.placeholder(a.dtype, a.shape)
+                   if isinstance(a, tf.TensorSpec) else a), args))
+  return graph
+
+
 def _check_shapes_do_not_vary(per_example, batched_args, code):
   """Raises if the code, traced for one example, computes a value whose
   shape it does not know (`tf.boolean_mask(v, v > 0)`, `tf.range(n)`):
@@ -171,18 +188,14 @@ def _check_shapes_do_not_vary(per_example, batched_args, code):
   vectorise such an op, and its loop over the batch fails with an obscure
   TensorListStack error or, compiled by XLA, returns wrong values. (Only
   called where pfor has failed: code it vectorises is left alone.)"""
-  specs = [tf.TensorSpec(x.shape[1:], x.dtype)
-           for x in tf.nest.flatten(batched_args)]
-  if not all(s.shape.is_fully_defined() for s in specs):
+  specs = tf.nest.map_structure(lambda x: tf.TensorSpec(x.shape[1:], x.dtype),
+                                tuple(batched_args))
+  if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(specs)):
     return
-  graph = tf.__internal__.FuncGraph("tab_check_shapes")
-  with graph.as_default():
-    placeholders = [tf.compat.v1.placeholder(s.dtype, s.shape) for s in specs]
-    try:
-      per_example(*tf.nest.pack_sequence_as(tuple(batched_args),
-                                            placeholders))
-    except Exception:  # pylint: disable=broad-except
-      return   # the fallback reports it as before
+  try:
+    graph = trace_in_scratch_graph(per_example, specs)
+  except Exception:  # pylint: disable=broad-except
+    return   # the fallback reports it as before
   for op in graph.get_operations():
     for out in op.outputs:
       if (out.dtype not in (tf.resource, tf.variant)
