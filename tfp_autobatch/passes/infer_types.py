@@ -326,9 +326,10 @@ def _raise_fails_on(op, in_types, e):
             "stack it (`tf.stack(values)`) and index with `tf.gather`")
   casts = {"int": "tf.int32", "float": "tf.float32",
            "complex": "tf.complex64"}
+  # Python's message starts "int() argument must be ...".
   python_cast = str(e).split("()", 1)[0]
   if (isinstance(e, TypeError) and "Tensor'" in str(e)
-      and python_cast in casts and str(e).startswith(python_cast + "()")):
+      and python_cast in casts):
     hint = (". A per-example value is a tensor, not a Python number: "
             f"instead of {python_cast}(x) write tf.cast(x, "
             f"{casts[python_cast]})"

@@ -163,9 +163,10 @@ class PcVmRuntime:
     self.stats_tensors = run_counters.to_tensors(counters, self._labels)
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
                                 ["tfp_autobatch: " + message])
-    # pc:graph traces its VM for any batch size: the results keep the
-    # inputs' static batch size (a tf.while_loop whose variable they are
-    # rejected the unknown one).
+    # pc:graph's trace for any batch size (past its first sizes, see
+    # `compiled_for`) returns results of unknown batch size: they keep the
+    # inputs' static one (a tf.while_loop whose variable they are rejected
+    # the unknown one).
     size = tf.TensorShape([_static_batch_size(args)])
     def output(x):
       x = tf.identity(x)

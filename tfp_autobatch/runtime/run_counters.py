@@ -23,6 +23,7 @@ transition on 4 chains runs 27 steps).
 import numpy as np
 import tensorflow as tf
 
+from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import stats as stats_lib
 
 STEPS, ACTIVE, ROWS, HIGH, EXECUTIONS = range(5)
@@ -62,8 +63,8 @@ def after_step(counters, block, num_blocks, pc_top, pc_sp, rows, members):
       histogram], 0)
   # Elementwise in `counters`, so that XLA updates them in place, in one
   # kernel with the reductions above.
-  return tf.where(tf.equal(tf.range(tf.size(counters)), HIGH),
-                  tf.maximum(counters, step), counters + step)
+  return batch_state.where(tf.equal(tf.range(tf.size(counters)), HIGH),
+                           tf.maximum(counters, step), counters + step)
 
 
 def _fields(counters, num_blocks):
