@@ -18,7 +18,9 @@ collatz = programs.PROGRAMS_BY_NAME["collatz_steps"].fn   # a while around an if
 
 
 def test_tail_duplication_copies_join_and_loop_header_into_predecessors():
-  program = pipeline.typed_program(collatz, INT)
+  # On the converted program: the pipeline makes collatz's `if` a select
+  # first (`if_to_select`), which leaves no join to copy.
+  program = tail_duplicate.tail_duplicate(pipeline.convert_program(collatz))
   labels = [b.label for b in program.entry.blocks]
   # The `if` join (`endif`) and the loop header (`while`) are gone: each
   # branch of the `if` now ends by testing the loop condition itself.

@@ -3,7 +3,7 @@
     Python source --frontend.convert--> IR-1 (untyped, one per entry function)
       --check_definitely_assigned--> the same, or a ConversionError
       --infer_types--> typed IR-1 (one per input signature)
-      --inline, tail_duplicate--> fewer, bigger blocks
+      --inline, if_to_select, tail_duplicate--> fewer, bigger blocks
       --lower, stack_optimize, branch_at_call, return_early,
         drop_redundant_copies--> IR-2 (program-counter backends)
       --backend--> runtime (one per signature and backend)
@@ -20,6 +20,7 @@ from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import branch_at_call
 from tfp_autobatch.passes import definite_assignment
+from tfp_autobatch.passes import if_to_select
 from tfp_autobatch.passes import infer_types
 from tfp_autobatch.passes import inline
 from tfp_autobatch.passes import tail_duplicate
@@ -88,6 +89,7 @@ def typed_program(entry, arg_types):
     program = _checked(infer_types.infer_types(program, arg_types),
                        "infer_types")
     program = _checked(inline.inline(program), "inline")
+    program = _checked(if_to_select.if_to_select(program), "if_to_select")
     cache[key] = _checked(tail_duplicate.tail_duplicate(program),
                           "tail_duplicate")
   return cache[key]

@@ -66,20 +66,34 @@ def _op_cannot_raise(op):
 
 
 def cannot_raise(op, in_types, out_types):
-  """Whether primitive `op` (IR-2, not batched), on per-example inputs of
-  `in_types`, is integer and boolean code that raises on no values (see
-  the module docstring). Traces its code once, for one example, unless
-  its inputs or outputs already rule it out."""
+  """Whether primitive `op` (IR-1 or IR-2, not batched), on per-example
+  inputs of `in_types`, is integer and boolean code that raises on no
+  values (see the module docstring). Traces its code once, for one
+  example, unless its inputs or outputs already rule it out."""
+  return computations_if_harmless(op, in_types, out_types) is not None
+
+
+# Ops that compute nothing: what a trace holds besides the code's work.
+_NOT_COMPUTING = frozenset({"Placeholder", "Const", "Identity", "IdentityN",
+                            "NoOp"})
+
+
+def computations_if_harmless(op, in_types, out_types):
+  """The number of ops that compute in `op`'s code, traced for one example,
+  if it cannot raise (`cannot_raise`), else None."""
   if not all(_is_integer_or_bool(t.dtype)
              for t in tf.nest.flatten([in_types, out_types])):
-    return False
+    return None
   try:
     graph = vectorize.trace_in_scratch_graph(
         vectorize.single_example_fn(op, out_types),
         [tf.nest.map_structure(lambda t: t.spec(), t) for t in in_types])
   except Exception:  # pylint: disable=broad-except
-    return False   # the runtime's own trace reports it
-  return all(_op_cannot_raise(o) for o in graph.get_operations())
+    return None   # the runtime's own trace reports it
+  ops = graph.get_operations()
+  if not all(_op_cannot_raise(o) for o in ops):
+    return None
+  return sum(o.type not in _NOT_COMPUTING for o in ops)
 
 
 def block_cannot_raise(program, block):
