@@ -90,5 +90,8 @@ def where(mask, new, old):
 
 
 def take(value, count):
-  """The first `count` rows."""
-  return tf.nest.map_structure(lambda x: x[:count], value)
+  """The first `count` rows (a value of `count` rows as it is: an eager
+  slice costs about 0.25 ms, a local call's result is sliced at every
+  return)."""
+  return tf.nest.map_structure(
+      lambda x: x if x.shape[:1] == [count] else x[:count], value)
