@@ -43,7 +43,8 @@ Program = collections.namedtuple(
 
 MIXED = (7,)                   # most programs: one batch of mixed members
 WITH_ONE = (1, 7)              # some: also a batch of one
-ALL_BATCHES = (1, 2, 7, 64)    # a few: every batch size
+ALL_BATCHES = (1, 2, 7, 128)   # a few: every batch size (128: pc:xla's
+                               # register files as rows, register_file)
 
 PROGRAMS = []
 

@@ -1,4 +1,4 @@
-"""Register files: a nest of [Z, ...] tensors packed into one [Z, width]
+"""Register files: a nest of [Z, ...] tensors packed into one [width, Z]
 tensor per dtype.
 
 The program-counter VM's loop state and each block's results pass through
@@ -7,19 +7,31 @@ buffer the branch must fill, so a branch that leaves a variable alone still
 copies it: with a hundred small variables a VM step ran a hundred copy
 kernels, which cost more than the block's own work at small batch sizes.
 Packed, a step copies a few wide rows instead (one per dtype): the same
-bytes, a few kernels. Reading a variable is a static column slice, which XLA
+bytes, a few kernels. Reading a variable is a static row slice, which XLA
 fuses into the reader. A file of more than `fusible.MAX_FUSED_OPERANDS`
-leaves is laid out in chunks of at most that many columns' worth of
+leaves is laid out in chunks of at most that many registers' worth of
 leaves, padded to one width, and packed as a `fusible.stack` of chunks, so
 that writing a block's registers back is one kernel, not one per register
-plus a copy (the padding columns are never read).
+plus a copy (the padding registers are never read).
+
+For a batch of at least `ROWS_FROM_BATCH` members a file is [width, Z],
+each register a contiguous row of the batch (as in a bank), else [Z,
+width]. XLA's CPU kernel that writes a file back evaluates its
+concatenation element by element, which over a [Z, width] file picks the
+source anew for every element, and over rows copies runs of Z: fib under
+`pc:xla` went from 60.9 to 43.2 us a VM step on 4,096 members and from
+10.8 to 6.6 on 1,024 (2 CPU cores; a scratch loop of 8 int32 registers
+on 4,096 members: 24 against 7 us an iteration). On few members rows
+cost more than they save (transposes of the leaves with a per-member
+shape, such as NUTS's seeds): NUTS transitions at 4 chains took 10-19%
+longer, at 64 the same (`benchmarks.nuts_vm_steps`, interleaved A/B).
 
 Only integer and boolean leaves are packed (the pc, stack pointers, loop
 counters, flags: most of the leaves, and tiny); booleans go in the int32
 file as 0 and 1, so a VM step writes one file, not two. Floating-point
 registers stay loose: packing them too made NUTS on the 100 x 10,000 logistic
 regression 2x slower per step (680 vs 1,337 gradients/s at one chain;
-perhaps because the column slices are then fused into the model's matmul
+perhaps because the slices are then fused into the model's matmul
 operands), while packing ints and bools alone made it faster (1,456) and
 cut the cost of a VM step of NUTS on the 100-d Gaussian from 69 to 55 us
 at one chain (2 AMD EPYC cores, `benchmarks.nuts`, 2026-11-23).
@@ -38,8 +50,12 @@ from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import fusible
 
+# A file holds registers as rows ([width, Z]) from this many members, as
+# columns ([Z, width]) below (see the module docstring).
+ROWS_FROM_BATCH = 128
+
 # A packed leaf: its dtype, the dtype of the file it is packed in, and its
-# columns there.
+# registers there.
 _Slot = collections.namedtuple("_Slot",
                                ["dtype", "file", "width", "event_shape"])
 
@@ -55,6 +71,11 @@ class RegisterFile:
   def __init__(self, example, enabled=True):
     """`enabled=False` packs nothing: every leaf travels loose."""
     self.structure = example
+    sizes = {leaf.shape[0] for leaf in tf.nest.flatten(example)
+             if leaf.shape.rank}
+    # The axis of a file's registers: 0 (rows) for a large known batch.
+    self.axis = 0 if (len(sizes) == 1 and None not in sizes
+                      and sizes.pop() >= ROWS_FROM_BATCH) else 1
     self._slots = []
     self.widths = {}
     for leaf in tf.nest.flatten(example):
@@ -77,16 +98,16 @@ class RegisterFile:
                                       if slot is not None
                                       and slot.file.name == key])
                     for key in self.widths}
-    # Each packed leaf's first column in its file (for `unpack` and
+    # Each packed leaf's first register (row or column) in its file (for `unpack` and
     # `unpack_leaf`): chunks in turn, each followed by its padding.
-    self._columns = {}
+    self._first = {}
     for key, chunks in self._chunks.items():
       leaves = iter(i for i, slot in enumerate(self._slots)
                     if slot is not None and slot.file.name == key)
       start = 0
       for chunk, padding in chunks:
         for width in chunk:
-          self._columns[next(leaves)] = start
+          self._first[next(leaves)] = start
           start += width
         start += padding
 
@@ -94,7 +115,7 @@ class RegisterFile:
   def _chunk(widths):
     """`[(chunk, padding)]`: the leaves (their widths, in order) in chunks
     of at most `fusible.MAX_FUSED_OPERANDS` - 1, each padded (`padding`
-    columns) to the widest, so that a file is a `fusible.stack` of chunks,
+    registers) to the widest, so that a file is a `fusible.stack` of chunks,
     each one concatenation of at most `MAX_FUSED_OPERANDS` operands with
     its padding. A file of few leaves is one chunk with no padding."""
     if len(widths) <= fusible.MAX_FUSED_OPERANDS:
@@ -105,54 +126,58 @@ class RegisterFile:
     return [(c, width - sum(c)) for c in chunks]
 
   def pack(self, nest):
-    """`(files, loose)`: {dtype name: [Z, width]} and the unpacked leaves.
+    """`(files, loose)`: {dtype name: [width, Z] or [Z, width] (`axis`)}
+    and the unpacked leaves.
 
-    A run of per-member scalars is one `tf.stack` of them as columns, not
-    a reshape of each to a column then a concatenation: the same XLA
-    computation, built from two ops fewer per leaf (NUTS's file has about
-    fifty scalar leaves, packed again by every block)."""
+    A run of per-member scalars is one `tf.stack` of them as registers,
+    not a reshape of each then a concatenation: the same XLA computation,
+    built from two ops fewer per leaf (NUTS's file has about fifty scalar
+    leaves, packed again by every block)."""
     leaves = tf.nest.flatten(nest)
-    columns = {key: [] for key in self.widths}
+    registers = {key: [] for key in self.widths}
     loose = []
     for leaf, slot in zip(leaves, self._slots):
       if slot is None:
         loose.append(leaf)
       else:
-        columns[slot.file.name].append((tf.cast(leaf, slot.file), slot))
+        registers[slot.file.name].append((tf.cast(leaf, slot.file), slot))
     files = {}
-    for key, cols in columns.items():
-      first = cols[0][0]
-      cols = iter(cols)
+    for key, leaves_in_file in registers.items():
+      first = leaves_in_file[0][0]
+      leaves_in_file = iter(leaves_in_file)
       pieces = []
       for chunk, padding in self._chunks[key]:
-        piece = _as_columns([next(cols) for _ in chunk])
+        piece = _as_registers([next(leaves_in_file) for _ in chunk],
+                              self.axis)
         if padding:
-          piece.append(tf.zeros([batch_state.size(first), padding],
-                                first.dtype))
+          shape = [padding, batch_state.size(first)]
+          piece.append(tf.zeros(shape[::1 - 2 * self.axis], first.dtype))
         pieces.append(piece[0] if len(piece) == 1
-                      else tf.concat(piece, axis=1))
+                      else tf.concat(piece, axis=self.axis))
+      width = sum(sum(c) + p for c, p in self._chunks[key])
       files[key] = (pieces[0] if len(pieces) == 1 else tf.reshape(
-          fusible.stack(pieces, axis=1),
-          [-1, sum(sum(c) + p for c, p in self._chunks[key])]))
+          fusible.stack(pieces, axis=self.axis),
+          [width, -1][::1 - 2 * self.axis]))
     return files, loose
 
   def unpack(self, files, loose):
     """The nest packed by `pack`."""
-    # One op takes every column of a file apart: per-member scalars (most
-    # leaves) are its columns as they are; other leaves are read alone
-    # (`unpack_leaf`). A slice per leaf cost the trace (and the first
+    # One op takes every register of a file apart: per-member scalars
+    # (most leaves) are its registers as they are; other leaves are read
+    # alone (`unpack_leaf`). A slice per leaf cost the trace (and the first
     # call's compilation) a few ops each, hundreds of times.
-    # Columns are unstacked once per dtype they are read as: the boolean
+    # Registers are unstacked once per dtype they are read as: the boolean
     # leaves of an int32 file from one cast of the whole file, not a cast
     # each (NUTS's blocks read about forty flags).
-    columns = {}
-    def column(slot, i):
+    registers = {}
+    def register(slot, i):
       key = (slot.file.name, slot.dtype)
-      if key not in columns:
+      if key not in registers:
         file = files[slot.file.name]
-        columns[key] = tf.unstack(tf.cast(file, slot.dtype),
-                                  num=file.shape[1], axis=1)
-      return columns[key][self._columns[i]]
+        registers[key] = tf.unstack(tf.cast(file, slot.dtype),
+                                    num=file.shape[self.axis],
+                                    axis=self.axis)
+      return registers[key][self._first[i]]
     loose_leaves = iter(loose)
     leaves = []
     for i, slot in enumerate(self._slots):
@@ -161,7 +186,7 @@ class RegisterFile:
       elif slot.event_shape:
         leaves.append(self.unpack_leaf(files, loose, i))
       else:
-        leaves.append(column(slot, i))
+        leaves.append(register(slot, i))
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
   @property
@@ -177,9 +202,16 @@ class RegisterFile:
     slot = self._slots[index]
     if slot is None:
       return loose[sum(s is None for s in self._slots[:index])]
-    start = self._columns[index]
-    column = files[slot.file.name][:, start:start + slot.width]
-    return tf.cast(tf.reshape(column, [-1] + slot.event_shape), slot.dtype)
+    start = self._first[index]
+    file = files[slot.file.name]
+    if self.axis == 1:
+      leaf = tf.reshape(file[:, start:start + slot.width],
+                        [-1] + slot.event_shape)
+    else:
+      rows = file[start:start + slot.width]
+      leaf = rows[0] if not slot.event_shape else tf.reshape(
+          tf.transpose(rows), [-1] + slot.event_shape)
+    return tf.cast(leaf, slot.dtype)
 
 
 class RegisterBanks:
@@ -305,18 +337,20 @@ class RegisterBanks:
     return out
 
 
-def _as_columns(leaves):
-  """`(leaf, slot)` pairs of one chunk as [Z, width] pieces to concatenate:
-  each run of per-member scalars stacked as columns in one op, other leaves
-  reshaped to their columns."""
+def _as_registers(leaves, axis):
+  """`(leaf, slot)` pairs of one chunk as pieces to concatenate along
+  `axis` ([width, Z] for 0, [Z, width] for 1): each run of per-member
+  scalars stacked in one op, other leaves flattened per member (and
+  transposed to rows)."""
   pieces, run = [], []
   for leaf, slot in leaves + [(None, None)]:
     if slot is not None and not slot.event_shape:
       run.append(leaf)
       continue
     if run:
-      pieces.append(tf.stack(run, axis=1))
+      pieces.append(tf.stack(run, axis=axis))
       run = []
     if slot is not None:
-      pieces.append(tf.reshape(leaf, [-1, slot.width]))
+      flat = tf.reshape(leaf, [-1, slot.width])
+      pieces.append(tf.transpose(flat) if axis == 0 else flat)
   return pieces
