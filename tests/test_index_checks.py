@@ -14,9 +14,11 @@ import tensorflow as tf
 import nuts.tree
 import programs
 import tfp_autobatch as tab
+from tfp_autobatch import api
 from tfp_autobatch import pipeline
 from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.runtime import local_static
 from tfp_autobatch.runtime import vectorize
 
 TABLE = tf.constant([10.0, 20.0, 30.0])
@@ -178,6 +180,19 @@ def test_junk_indices_of_members_that_skip_the_subscript_raise_nothing(
   np.testing.assert_array_equal(
       find_first_above(v, np.array([1.2, 1.0, 1.0], np.float32),
                        backend=backend), [-1, 0, 4])
+
+
+@pytest.mark.parametrize("strategy", ["gather", "mask"])
+def test_both_local_strategies_check_their_members_only(strategy):
+  def run(i):
+    args, arg_types, n = api._prepare(read_if_in_range, (i,))  # pylint: disable=protected-access
+    program = pipeline.typed_program(read_if_in_range, arg_types)
+    return local_static.LocalStaticRuntime(
+        program, vectorize.KernelCache(jit_compile=False), 64,
+        strategy=strategy).run(args, n)
+  np.testing.assert_array_equal(run(np.array([0, 9, 2])), [10, -1, 30])
+  with pytest.raises(tab.IndexOutOfRangeError, match="is -4 for example 1"):
+    run(np.array([0, -4, 2]))
 
 
 @pytest.mark.parametrize("backend", tab.BACKENDS)
