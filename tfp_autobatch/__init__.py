@@ -18,6 +18,7 @@ from tfp_autobatch.backends import BACKENDS
 from tfp_autobatch.config import default_backend
 from tfp_autobatch.errors import AutobatchError
 from tfp_autobatch.errors import ConversionError
+from tfp_autobatch.errors import IndexOutOfRangeError
 from tfp_autobatch.errors import IRError
 from tfp_autobatch.errors import StackOverflowError
 from tfp_autobatch.errors import TypeInferenceError
@@ -27,6 +28,6 @@ from tfp_autobatch.runtime.stats import RunStats
 __all__ = [
     "batch", "batched_primitive", "BatchedFunction", "BatchedPrimitive",
     "BACKENDS", "default_backend", "AutobatchError", "ConversionError",
-    "IRError", "StackOverflowError", "TypeInferenceError",
-    "UnknownBackendError", "RunStats",
+    "IndexOutOfRangeError", "IRError", "StackOverflowError",
+    "TypeInferenceError", "UnknownBackendError", "RunStats",
 ]

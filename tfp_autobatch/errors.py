@@ -35,6 +35,26 @@ class StackOverflowError(AutobatchError):
   """Recursion went deeper than the function's `max_stack_depth`."""
 
 
+class IndexOutOfRangeError(AutobatchError, IndexError):
+  """A subscript `v[i]` or `m[i, j]` of a batched function got an index
+  out of range for some example, on any backend (the XLA ones included,
+  where a gather would clamp it). The message names the function, file,
+  line and subscript, the index, the axis and its size, and the example
+  where known; the attributes hold them."""
+
+  def __init__(self, message, *, function=None, filename=None, lineno=None,
+               source=None, index=None, axis=None, size=None, example=None):
+    self.function = function
+    self.filename = filename
+    self.lineno = lineno
+    self.source = source
+    self.index = index
+    self.axis = axis
+    self.size = size
+    self.example = example
+    super().__init__(message)
+
+
 class IRError(AutobatchError):
   """An IR invariant is broken: a bug in a pass, never the user's fault."""
 

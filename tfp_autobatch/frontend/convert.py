@@ -176,10 +176,13 @@ class FunctionConverter:
     `pyops.as_assigned`, which gives it its inferred dtype for the rest of
     the code (`b = 1.0 / 3.0` then `c = b` for a float64 `b`: `c` reads a
     float64 tensor, not the Python float that would type it float32). The
-    code's `source`, which the IR prints, is the user's statements alone."""
+    code's `source`, which the IR prints, is the user's statements alone;
+    the code it runs numbers its subscripts (`number_subscripts`)."""
     name = f"{self.py_fn.__name__}_L{stmts[0].lineno}"
     ret = ast.Return(ast.Tuple([ast.Name(o, ast.Load()) for o in outs],
                                ast.Load()))
+    source = "; ".join(ast.unparse(s) for s in stmts)
+    stmts, sites = self.number_subscripts(stmts)
     body = []
     for stmt in stmts:
       body.append(stmt)
@@ -212,8 +215,27 @@ class FunctionConverter:
     exec(compile(module, self.filename, "exec"),   # pylint: disable=exec-used
          self.scope, namespace)
     fn = namespace["__tab_make"](pyops, *[self.closure[v] for v in free])
-    source = "; ".join(ast.unparse(s) for s in stmts)
-    return ir1.Code(fn, source, self.filename, stmts[0].lineno, read_lines)
+    return ir1.Code(fn, source, self.filename, stmts[0].lineno, read_lines,
+                    sites)
+
+  def number_subscripts(self, stmts):
+    """`(copies of stmts, their sites)`: each subscript whose gather's index
+    is checked (`expression_lowering.checks_index`) becomes
+    `getitem(value, index, k)`, k its number among `sites` (its
+    `ir1.SubscriptSite`s)."""
+    stmts = copy.deepcopy(stmts)
+    sites = []
+    for stmt in stmts:
+      # (In the order they are written: `ast.walk` goes breadth first.)
+      found = sorted((node for node in ast.walk(stmt)
+                      if expression_lowering.checks_index(node)),
+                     key=lambda n: (n.lineno, n.col_offset))
+      for node in found:
+        sites.append(ir1.SubscriptSite(
+            self.py_fn.__qualname__, self.filename, node.lineno,
+            expression_lowering.subscript_as_written(node)))
+        node.args.append(ast.Constant(len(sites) - 1))
+    return stmts, tuple(sites)
 
   def assign(self, name, value_node, like):
     stmt = ast.Assign([ast.Name(name, ast.Store())], value_node)

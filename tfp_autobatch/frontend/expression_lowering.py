@@ -42,6 +42,48 @@ def _literal_slice(index):
   return all(literal(b) for b in (index.lower, index.upper, index.step))
 
 
+def _constant_index(node):
+  """Whether one index of a subscript is a literal (`"w"`, `0`, `-1`):
+  indices made of those are not gathered (see `pyops.getitem`)."""
+  if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+    node = node.operand
+  return isinstance(node, ast.Constant)
+
+
+def _is_getitem(node):
+  """Whether `node` is a subscript rewritten into `pyops.getitem`."""
+  return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and isinstance(node.func.value, ast.Name)
+          and node.func.value.id == pyops.NAME
+          and node.func.attr == "getitem")
+
+
+def checks_index(node):
+  """Whether `node` is a subscript rewritten into `pyops.getitem` (not yet
+  numbered) that may gather by a computed index, which `pyops.getitem`
+  then checks: not a slice, nor an index made of literals."""
+  if not _is_getitem(node) or len(node.args) != 2:
+    return False
+  index = node.args[1]
+  parts = index.elts if isinstance(index, ast.Tuple) else [index]
+  return not (any(isinstance(p, ast.Slice) for p in parts)
+              or all(_constant_index(p) for p in parts))
+
+
+class _AsWritten(ast.NodeTransformer):
+  def visit_Call(self, node):
+    node = self.generic_visit(node)
+    if _is_getitem(node):
+      return ast.Subscript(node.args[0], node.args[1], ast.Load())
+    return node
+
+
+def subscript_as_written(node):
+  """The source of a rewritten subscript as written (`m[i][j]`, where its
+  value is itself a rewritten `m[i]`)."""
+  return ast.unparse(_AsWritten().visit(copy.deepcopy(node)))
+
+
 class ExpressionLowering(ast.NodeTransformer):
   """Rewrites one expression, emitting ops and blocks into the converter."""
 

@@ -15,6 +15,7 @@ import contextvars
 
 import tensorflow as tf
 
+from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import types as types_lib
 
 NAME = "__tab_ops__"   # what converted code calls this module
@@ -152,7 +153,7 @@ def range_continues(counter, stop, step):
   return tf.where(step > 0, counter < stop, counter > stop)
 
 
-def getitem(value, index):
+def getitem(value, index, site=None):
   """`value[index]`, as `tf.gather` when a tensor is indexed by a tensor.
 
   pfor cannot vectorise a subscript whose index differs per example, but it
@@ -160,6 +161,11 @@ def getitem(value, index):
   to Python. A Python container indexed by a tensor whose value is known
   when the code is traced (`i = 0` for an int64 `i`, which `as_assigned`
   makes a constant tensor) takes that value, as the literal would.
+
+  `site`: the subscript's number among its code's `subscripts` (the
+  frontend passes it): its gather's index is checked, since XLA's gather
+  clamps an index out of range where TensorFlow's raises
+  (`subscripts.checked_indices`).
   """
   if not isinstance(value, (tf.Tensor, tf.Variable)) and not hasattr(
       value, "dtype"):
@@ -174,15 +180,26 @@ def getitem(value, index):
     return _checked_slice(value, index, indices)
   value = tf.convert_to_tensor(value)
   indices = [tf.convert_to_tensor(i) for i in indices]
-  if len(indices) == 1:
-    i = indices[0]
-    return tf.gather(value, tf.where(i < 0, i + tf.cast(tf.shape(value)[0],
-                                                        i.dtype), i))
-  dims = tf.shape(value)[:len(indices)]
+  sizes = _leading_sizes(value, len(indices))
   wrapped = [tf.where(i < 0, i + tf.cast(d, i.dtype), i)
-             for i, d in zip(indices, tf.unstack(dims))]
+             for i, d in zip(indices, sizes)]
+  if site is not None:
+    wrapped = subscripts.checked_indices(site, indices, wrapped, sizes)
+  if len(wrapped) == 1:
+    return tf.gather(value, wrapped[0])
   common = wrapped[0].dtype
   return tf.gather_nd(value, tf.stack([tf.cast(i, common) for i in wrapped]))
+
+
+def _leading_sizes(value, n):
+  """The sizes of `value`'s first `n` axes: Python ints where its shape
+  knows them (so a check folds them in), else scalar tensors."""
+  shape = value.shape
+  if shape.rank is not None and all(d is not None for d in shape[:n]):
+    return list(shape[:n])
+  dynamic = tf.shape(value)
+  return [dynamic[a] if shape.rank is None or shape[a] is None else shape[a]
+          for a in range(n)]
 
 
 def _checked_slice(value, index, indices):

@@ -18,18 +18,32 @@ import dataclasses
 from typing import Callable, Optional
 
 
+@dataclasses.dataclass(frozen=True)
+class SubscriptSite:
+  """A subscript `v[i]` or `m[i, j]` of the user's code that the frontend
+  rewrote into a gather (`pyops.getitem`), whose index is checked when
+  it runs (`frontend.subscripts`); what an error names."""
+  function: str   # the Python function's qualified name
+  filename: str
+  lineno: int
+  source: str     # the subscript, as written (`table[i - 3]`)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Code:
   """A piece of the user's straight-line code, as a callable and its text.
 
   `fn(*ins)` returns the tuple of output values. `source` is the user's code
-  for printing; `filename`/`lineno` point at it.
+  for printing; `filename`/`lineno` point at it. `subscripts`: the
+  `SubscriptSite`s of its rewritten subscripts, the k-th called as
+  `getitem(value, index, k)`.
   """
   fn: Callable
   source: str
   filename: str = "<unknown>"
   lineno: int = 0
   read_lines: tuple = ()   # (input, the line of its first read), per input
+  subscripts: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)

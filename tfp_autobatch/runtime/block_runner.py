@@ -1,8 +1,9 @@
 """One block of an IR-2 program, run by the pc VM for the members waiting at it.
 
 `BlockRunner.run` takes the VM's unpacked state (`pc_top`, `pc_sp`,
-`overflow` and `vars`, as `pc_vm` describes) and returns it with the block's
-ops and terminator applied to its active members, plus the stack writes the
+`overflow`, `vars` and `index_fault`, as `pc_vm` describes) and returns it
+with the block's ops and terminator applied to its active members (a member
+whose subscript's index is out of range halted), plus the stack writes the
 block makes (one `StackWrite` per pushed stack, applied by the VM after the
 block) and the rows its `@batched_primitive` calls computed. How the state
 is packed into registers and banks, and how blocks are grouped into
@@ -12,7 +13,9 @@ Every primitive runs on all Z rows, inactive rows fed a copy of an active
 row's inputs (so junk can never raise or poison), and results are kept with
 `tf.where(active, new, old)`. Under XLA, which never raises, and in blocks
 whose code raises on no values (`raise_free`), inactive rows keep their
-own junk. A `@batched_primitive` runs on the members only
+own junk. A primitive's fault records (`subscripts`) count for its
+members only: a junk row's index out of range is no error. A
+`@batched_primitive` runs on the members only
 (`batched_primitive_calls`). Temporaries live only in the block's local
 environment; a value that is dead after the block is not written back.
 """
@@ -21,6 +24,7 @@ import functools
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.passes import liveness
@@ -45,6 +49,23 @@ def _row_sources(mask):
                   tf.int32)
   return tf.where(mask, batch_state.row_indices(batch_state.size(mask)),
                   first)
+
+
+def _first_faults(faults):
+  """`(faulted [Z] bool, fault records [Z, 2])` of a block's primitives:
+  `faults` holds (members [Z] bool, fault records) per primitive, as they
+  ran. Only members' faults count (other rows compute on junk, or on
+  another row's inputs), and a row's first one."""
+  faulted = fault = None
+  for members, records in faults:
+    hit = tf.logical_and(members, subscripts.faulted(records))
+    if faulted is None:
+      faulted, fault = hit, records
+      continue
+    hit = tf.logical_and(hit, tf.logical_not(faulted))
+    fault = batch_state.where(hit, records, fault)
+    faulted = tf.logical_or(faulted, hit)
+  return faulted, fault
 
 
 def _check_hoistable(block):
@@ -91,6 +112,11 @@ class BlockRunner:
     self.depth = depth
     self.live_out = values_live_out(program)
     self.labels = program.block_index()
+    # The program's rewritten subscripts: with any, the state holds a
+    # fault record per member (`index_fault`, see `subscripts`).
+    self.subscript_sites = subscripts.sites_of(
+        op.code for b in program.blocks for op in map(ir2.unguarded, b.ops)
+        if isinstance(op, ir2.Primitive))
     self._harmless = {}   # block label -> `_junk_is_harmless`
     if program.cached_top:
       for block in program.blocks:
@@ -136,6 +162,7 @@ class BlockRunner:
     live_out = self.live_out[block.label]
     model_rows = []      # rows each @batched_primitive call computed
     model_members = []   # and the members it was called for
+    faults = []          # (members, fault records) of each primitive
 
     def read(v):
       if v not in env:
@@ -163,8 +190,9 @@ class BlockRunner:
 
     def zeros(op):
       """Outputs where nothing was computed: zeros, which no member
-      reads."""
-      return [types_lib.zeros(p.types[v], z) for v in op.outs]
+      reads (and no faults, for code with rewritten subscripts)."""
+      return [types_lib.zeros(p.types[v], z) for v in op.outs] + (
+          [subscripts.no_faults(z)] if op.code.subscripts else [])
 
     def model_call(op, guard):
       """`(values on every row, rows computed, members)` of a
@@ -221,6 +249,9 @@ class BlockRunner:
             model_members.append(count)
           else:
             values = primitive(op, guard)
+            if op.code.subscripts:
+              *values, fault = values
+              faults.append((members(guard), fault))
           assign(outs, values, guard)
         case ir2.Move(outs, ins):
           assign(outs, [vectorize.conform(read(v), p.types[v2])
@@ -255,6 +286,13 @@ class BlockRunner:
     state["vars"] = variables
     self._terminate(block.terminator, state, stack_view("pc"), writes,
                     active, read)
+    if faults:
+      # A member halts at its first fault, its results junk: the VM
+      # raises, or poisons them (`pc_vm`).
+      faulted, fault = _first_faults(faults)
+      state["index_fault"] = batch_state.where(faulted, fault,
+                                               state["index_fault"])
+      state["pc_top"] = tf.where(faulted, p.halt, state["pc_top"])
     rows = tf.add_n([tf.constant(0)] + [tf.cast(r, tf.int32)
                                         for r in model_rows])
     return state, writes, rows, model_members

@@ -10,6 +10,12 @@ A block runs on its members by gathering (take the active rows, run, scatter
 back) or masking (run on every row, keep the active rows). With masking,
 inactive rows are first replaced by a copy of an active row, so junk data
 (say an out-of-range index) can never raise or poison the results.
+
+After a segment with rewritten subscripts, its members' fault records
+(`subscripts`) are read, and one out of range raises
+`IndexOutOfRangeError` before anything else runs (also under XLA, whose
+gathers clamp): each frame knows which example of the batch each of its
+rows is, for the message.
 """
 import functools
 
@@ -17,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
@@ -62,13 +69,13 @@ class LocalStaticRuntime:
     """Runs the entry function on `args`, nests with `batch_size` rows."""
     self.stats = stats_lib.RunStats(batch_size=batch_size)
     padded = self._padded(batch_size) if batch_size else 0
+    rows = np.concatenate([np.arange(batch_size),
+                           np.zeros(padded - batch_size, np.int64)])
     if padded != batch_size:
-      rows = np.concatenate([np.arange(batch_size),
-                             np.zeros(padded - batch_size, np.int64)])
       args = [batch_state.gather(a, rows) for a in args]
     with python_stack.room_for(self.max_stack_depth, _FRAMES_PER_LEVEL):
       result = self._call(self.program.entry, list(args), batch_size,
-                          padded, depth=1)
+                          padded, depth=1, examples=rows)
     return batch_state.take(result, batch_size)
 
   def _padded(self, n):
@@ -87,8 +94,9 @@ class LocalStaticRuntime:
           for part in segments.split_block(block)]
     return self._blocks[key]
 
-  def _call(self, fn, args, real_size, size, depth):
-    """Runs `fn` on a frame of `size` rows; the first `real_size` are real."""
+  def _call(self, fn, args, real_size, size, depth, examples):
+    """Runs `fn` on a frame of `size` rows; the first `real_size` are real,
+    row r example `examples[r]` of the batch."""
     if depth > self.max_stack_depth:
       raise errors.StackOverflowError(
           f"recursion in '{fn.shown_name}' went deeper than max_stack_depth="
@@ -96,7 +104,7 @@ class LocalStaticRuntime:
           "@tab.batch(max_stack_depth=...)")
     if real_size:
       self.stats.max_stack_depth = max(self.stats.max_stack_depth, depth)
-    frame = _Frame(self, fn, dict(zip(fn.params, args)), size)
+    frame = _Frame(self, fn, dict(zip(fn.params, args)), size, examples)
     labels = fn.block_index()
     done = len(fn.blocks)
     pc = np.full(size, done, np.int64)
@@ -129,8 +137,9 @@ class LocalStaticRuntime:
 class _Frame:
   """The batched variables of one invocation, and how a part updates them."""
 
-  def __init__(self, runtime, fn, env, size):
+  def __init__(self, runtime, fn, env, size, examples):
     self.runtime, self.fn, self.env, self.size = runtime, fn, env, size
+    self.examples = examples   # of the batch, per row (for messages)
     self.members = None
     self.last_result = None    # (var, its values for `members`) of a segment
 
@@ -171,20 +180,26 @@ class _Frame:
       case segments.Segment():
         reads = [self.read(v) for v in part.reads]
         if full:
-          new, result = part.full(tf.constant(self.size, tf.int32), *reads)
+          new, result, *faults = part.full(tf.constant(self.size, tf.int32),
+                                           *reads)
         elif self.runtime.strategy == "gather":
           olds = [self.read(v) for v in part.writes]
-          new, result = part.gathered(tf.constant(self.rows(), tf.int32),
-                                      *reads, *olds)
+          new, result, *faults = part.gathered(
+              tf.constant(self.rows(), tf.int32), *reads, *olds)
         else:
           active = np.zeros(self.size, bool)
           active[self.members] = True
           source = np.where(active, np.arange(self.size), self.members[0])
           olds = [self.read(v) for v in part.writes]
-          new, result = part.masked(tf.constant(active),
-                                    tf.constant(source, tf.int32),
-                                    *reads, *olds)
+          new, result, *faults = part.masked(tf.constant(active),
+                                             tf.constant(source, tf.int32),
+                                             *reads, *olds)
           result = tf.gather(result, self.members) if part.result else result
+          faults = [tf.gather(f, self.members) for f in faults]
+        for f in faults:   # (one, for a segment with subscripts)
+          # The members' rows come first (gathered, the padding after).
+          subscripts.raise_first(f.numpy()[:self.members.size],
+                                 self.examples[self.members])
         self.env.update(zip(part.writes, new))
         if part.result is not None:
           self.last_result = (part.result, result.numpy())
@@ -194,7 +209,7 @@ class _Frame:
                 else batch_state.gather(self.read(v), rows) for v in ins]
         result = self.runtime._call(self.runtime.program.function(callee),   # pylint: disable=protected-access
                                     args, self.members.size, rows.size,
-                                    depth + 1)
+                                    depth + 1, self.examples[rows])
         self.write(outs[0], result)
       case ir1.Primitive(outs, _, ins, batched=True):
         fn_name = self.fn.name

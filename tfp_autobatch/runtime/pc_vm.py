@@ -9,7 +9,10 @@ The VM state is a dict of tensors with batch dimension Z:
   vars[v] = {top [Z, ...], sp [Z]}, stacks[v] [D, Z, ...]
                                            a stacked variable (cached top)
   vars[v] = {stack [D, Z, ...], sp [Z]}    a stacked variable, value at sp
-  overflow [Z], and the statistics counters (`run_counters`).
+  overflow [Z], and the statistics counters (`run_counters`);
+  index_fault [Z, 4]                       for a program with rewritten
+                                           subscripts: each member's first
+                                           index out of range (`subscripts`)
 
 The big [D, Z, ...] buffers of `stacks` stay out of the blocks' results: a
 block only reads them and returns one `StackWrite` per stack it pushes (the
@@ -39,7 +42,11 @@ flag; called eagerly, `run` raises `StackOverflowError`. Inside a user's graph
 the result rows of overflowed members are poisoned (NaN for floats, the
 dtype's minimum for integers, False for booleans) and a `tf.debugging.Assert`
 fails the graph; under the user's XLA, which drops asserts, the poisoned rows
-are what remains.
+are what remains. A subscript's index out of range (checked on every
+backend, since XLA's gather clamps it) likewise halts the member and
+records where (`index_fault`): `run` raises `IndexOutOfRangeError` naming
+the subscript's line, or fails the user's graph with an assertion saying
+it, or poisons the member's results under the user's XLA.
 """
 import concurrent.futures
 import contextvars
@@ -51,6 +58,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 
 from tfp_autobatch import errors
+from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
@@ -121,6 +129,7 @@ class PcVmRuntime:
         program.stacked, program.cached_top, self.depth)
     self._runner = block_runner.BlockRunner(program, mode, self.kernels,
                                             self._store, self.depth)
+    self._subscript_sites = self._runner.subscript_sites
     # (static batch size or None, traced for the caller's XLA) -> tf.function
     self._compiled = {}
     self._concrete = {}   # its tf.function -> its concrete function
@@ -133,7 +142,7 @@ class PcVmRuntime:
       # One run at a time: the eager VM's blocks and stack banks are traced
       # for the run's batch size, and two threads' runs crossed them.
       with self._eager_lock:
-        result, overflow, counters = self._execute(args, eager=True)
+        result, overflow, faults, counters = self._execute(args, eager=True)
     else:
       eager = tf.executing_eagerly()
       compiled_by_xla = self.mode == "xla" or (
@@ -147,7 +156,7 @@ class PcVmRuntime:
       # call about 0.15 ms.)
       if compiled_by_xla and (not eager or record.could_possibly_record()):
         vm = functools.partial(self._without_gradient, vm)
-      result, overflow, counters = vm(*args)
+      result, overflow, faults, counters = vm(*args)
     message = (f"stack depth exceeded: recursion went deeper than "
                f"max_stack_depth={self.depth}; raise max_stack_depth=... in "
                "@tab.batch(max_stack_depth=...)")
@@ -156,13 +165,22 @@ class PcVmRuntime:
                                          self._labels)
       self.stats_tensors = None
       # In NumPy: an eager reduction would dispatch one more op every call.
+      # (A member halts at its first index fault, which may have sent it
+      # on to the call that overflowed.)
+      if self._subscript_sites:
+        subscripts.raise_first(faults.numpy())
       if overflow.numpy().any():
         raise errors.StackOverflowError(message)
       return result
     self.stats = None
     self.stats_tensors = run_counters.to_tensors(counters, self._labels)
-    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
-                                ["tfp_autobatch: " + message])
+    checks = [tf.debugging.Assert(tf.logical_not(tf.reduce_any(overflow)),
+                                  ["tfp_autobatch: " + message])]
+    # (Not where XLA compiles the caller, which drops assertions and
+    # cannot compile the message's strings: the results are poisoned.)
+    if self._subscript_sites and not pfor_conditions.in_xla_context():
+      checks.append(subscripts.assert_no_fault(faults,
+                                               self._subscript_sites))
     # pc:graph's trace for any batch size (past its first sizes, see
     # `compiled_for`) returns results of unknown batch size: they keep the
     # inputs' static one (a tf.while_loop whose variable they are rejected
@@ -172,7 +190,7 @@ class PcVmRuntime:
       x = tf.identity(x)
       x.set_shape(size.concatenate(x.shape[1:]))
       return x
-    with tf.control_dependencies([check]):
+    with tf.control_dependencies(checks):
       return tf.nest.map_structure(output, result)
 
   def _without_gradient(self, vm, *args):
@@ -276,7 +294,10 @@ class PcVmRuntime:
         if nxt >= halt:
           break
         state = self._step(nxt, state, eager=True)
-        if bool(tf.reduce_any(self._small(state)["overflow"])):
+        small = self._small(state)
+        if bool(tf.reduce_any(small["overflow"])) or (
+            self._subscript_sites
+            and bool(tf.reduce_any(subscripts.faulted(small["index_fault"])))):
           break
     else:
       def run(dispatch):
@@ -317,8 +338,12 @@ class PcVmRuntime:
     small = self._small(state)
     result = self._store.value(small["vars"][self.program.result],
                          self.program.result)
-    result = _poison(result, small["overflow"])
-    return result, small["overflow"], state["counters"]
+    faults = small.get("index_fault", subscripts.no_faults(0))
+    halted = small["overflow"]
+    if self._subscript_sites:
+      halted = tf.logical_or(halted, subscripts.faulted(faults))
+    return (_poison(result, halted), small["overflow"], faults,
+            state["counters"])
 
   def _small(self, state):
     """The registers, pc and overflow flags, unpacked from the loop state."""
@@ -450,6 +475,8 @@ class PcVmRuntime:
         "pc_sp": tf.ones([z], tf.int32),
         "overflow": tf.zeros([z], tf.bool),
     }
+    if self._subscript_sites:
+      small["index_fault"] = subscripts.no_faults(z)
     # Packing pays under XLA only (elsewhere the slices and concatenations
     # are ops of their own; the test suite ran 3x slower with them). The
     # unoptimised layout keeps [D, Z, ...] stacks among the variables:

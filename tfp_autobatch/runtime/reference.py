@@ -1,11 +1,13 @@
 """The reference interpreter: runs IR-1 on ONE example with Python recursion.
 
 The source of truth every backend is tested against. It is deliberately
-plain: a dictionary of variables, a label, and a loop.
+plain: a dictionary of variables, a label, and a loop. A subscript's index
+out of range raises `IndexOutOfRangeError`, as on every backend.
 """
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.runtime import python_stack
 from tfp_autobatch.runtime import vectorize
@@ -36,8 +38,10 @@ def _run(program, fn, args, depth, max_stack_depth):
             values = [tf.nest.map_structure(lambda x: x[0], v)
                       for v in code.fn(*one)]
           else:
-            values = vectorize.call_single_example_code(op, *ins,
-                                                        out_types=types)
+            values, fault = vectorize.call_checking_subscripts(
+                op, *ins, out_types=types)
+            if fault is not None and fault[subscripts.KEY]:
+              raise subscripts.error(fault)
           for var, value, t in zip(outs, values, types):
             env[var] = vectorize.conform(value, t)
         case ir1.Call(outs, callee, _):

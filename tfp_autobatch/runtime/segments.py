@@ -13,12 +13,16 @@ compiled function:
                                       a copy of an active row), keep active rows
 
 Each also returns the segment's value of one `result` variable (the branch
-condition of the block, if any) for just the rows it ran.
+condition of the block, if any) for just the rows it ran, and for a
+segment with rewritten subscripts (`checks_indices`; no more outputs for
+one without) the fault records of the rows it ran (`subscripts`), which
+the runtime reads before it goes on.
 """
 import functools
 
 import tensorflow as tf
 
+from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import vectorize
@@ -68,6 +72,7 @@ class Segment:
                      if v not in self.writes and v not in self.reads]
       self.writes += [v for v in op.outs if v not in self.writes]
     self.result = result if result in self.writes else None
+    self.checks_indices = any(op.code.subscripts for op in ops)
     self.var_type = var_type
     read_specs = [self._spec(v) for v in self.reads]
     write_specs = [self._spec(v) for v in self.writes]
@@ -90,36 +95,55 @@ class Segment:
     return tf.nest.map_structure(lambda t: t.spec((None,)), self.var_type(var))
 
   def _per_example(self, *values):
+    """The writes on one example, then its fault record if the segment
+    checks indices: the first of its primitives'."""
     env = dict(zip(self.reads, values))
+    faults = []
     for op in self.ops:
-      outs = vectorize.call_single_example_code(
+      outs, fault = vectorize.call_checking_subscripts(
           op, *[env[v] for v in op.ins],
           out_types=[self.var_type(v) for v in op.outs])
       for var, value in zip(op.outs, outs):
         env[var] = vectorize.conform(value, self.var_type(var))
-    return tuple(env[v] for v in self.writes)
+      if fault is not None:
+        faults.append(fault)
+    writes = tuple(env[v] for v in self.writes)
+    if faults:
+      return writes + (functools.reduce(subscripts.first_fault, faults),)
+    return writes
 
   def _vectorized(self, n, reads):
+    """`(writes, fault records or None)` on `n` rows."""
     if not reads:
       outs = self._per_example()
-      return tf.nest.map_structure(
+      outs = tf.nest.map_structure(
           lambda x: tf.broadcast_to(x, tf.concat([[n], tf.shape(x)], 0)), outs)
-    return vectorize.vectorized_map(self._per_example, reads,
-                                    self.ops[0].code)
+    else:
+      outs = vectorize.vectorized_map(self._per_example, reads,
+                                      self.ops[0].code)
+    if self.checks_indices:
+      return tuple(outs[:-1]), outs[-1]
+    return tuple(outs), None
 
   def _result_of(self, new):
     if self.result is None:
       return tf.zeros([0], tf.bool)
     return new[self.writes.index(self.result)]
 
+  def _outputs(self, updated, new, faults):
+    """What `full`, `gathered` and `masked` return: the updated writes,
+    the result, and the fault records if the segment checks indices."""
+    return (updated, self._result_of(new)) + (
+        (faults,) if self.checks_indices else ())
+
   def _full(self, n, *reads):
-    new = self._vectorized(n, list(reads))
-    return tuple(new), self._result_of(new)
+    new, faults = self._vectorized(n, list(reads))
+    return self._outputs(new, new, faults)
 
   def _gathered(self, rows, *args):
     reads, olds = args[:len(self.reads)], args[len(self.reads):]
-    new = self._vectorized(tf.size(rows),
-                           [batch_state.gather(r, rows) for r in reads])
+    new, faults = self._vectorized(tf.size(rows),
+                                   [batch_state.gather(r, rows) for r in reads])
     # Padding rows repeat the first member (`_Frame.rows`), so their
     # scatters write equal values again; their copies are cut from the
     # gradient, which would otherwise reach that member once per copy.
@@ -129,11 +153,11 @@ class Segment:
         batch_state.scatter(o, rows, batch_state.where(
             padding, tf.nest.map_structure(tf.stop_gradient, v), v))
         for o, v in zip(olds, new))
-    return updated, self._result_of(new)
+    return self._outputs(updated, new, faults)
 
   def _masked(self, active, rows, *args):
     reads, olds = args[:len(self.reads)], args[len(self.reads):]
-    new = self._vectorized(tf.size(rows),
-                           [batch_state.gather(r, rows) for r in reads])
+    new, faults = self._vectorized(tf.size(rows),
+                                   [batch_state.gather(r, rows) for r in reads])
     updated = tuple(batch_state.where(active, v, o) for o, v in zip(olds, new))
-    return updated, self._result_of(new)
+    return self._outputs(updated, new, faults)

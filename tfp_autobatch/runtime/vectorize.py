@@ -6,7 +6,9 @@ cached `tf.function` whose batch dimension is unknown (static under
 `pc:xla`, which then reads each row without a gather), optionally compiled
 with XLA. A primitive that several blocks run (inlined or tail-duplicated
 code) is traced once and called from each. A `batched=True` primitive already
-maps over the batch and is called as is.
+maps over the batch and is called as is. A primitive whose code has
+rewritten subscripts returns one more output: each row's fault record
+(`subscripts`), the runtime's to act on.
 
 In a graph, pfor is called directly (`_pfor_in_graph`) rather than through
 `tf.vectorized_map`, which inside an XLA computation wraps every call in one
@@ -26,6 +28,7 @@ import tensorflow as tf
 
 from tfp_autobatch import errors
 from tfp_autobatch.frontend import pyops
+from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
@@ -78,12 +81,23 @@ def call_single_example_code(op, *ins, out_types=None):
     inside_vectorized_code.reset(token)
 
 
+def call_checking_subscripts(op, *ins, out_types):
+  """`(outputs, fault record)` of a primitive's code on one example
+  (`call_single_example_code`), its rewritten subscripts checking their
+  indices (`subscripts`); the record is None for code without them."""
+  with subscripts.checking(op.code) as fault:
+    outs = call_single_example_code(op, *ins, out_types=out_types)
+    return outs, fault()
+
+
 def single_example_fn(op, out_types):
   """`run(*ins)`: primitive `op`'s code on one example's inputs, its
-  outputs conformed to `out_types`."""
+  outputs conformed to `out_types`, then, for code with rewritten
+  subscripts (`op.code.subscripts`), its fault record (`subscripts`)."""
   def run(*ins):
-    outs = call_single_example_code(op, *ins, out_types=out_types)
-    return tuple(conform(v, t) for v, t in zip(outs, out_types))
+    outs, fault = call_checking_subscripts(op, *ins, out_types=out_types)
+    outs = tuple(conform(v, t) for v, t in zip(outs, out_types))
+    return outs if fault is None else outs + (fault,)
   return run
 
 
