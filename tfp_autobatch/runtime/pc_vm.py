@@ -10,7 +10,7 @@ The VM state is a dict of tensors with batch dimension Z:
                                            a stacked variable (cached top)
   vars[v] = {stack [D, Z, ...], sp [Z]}    a stacked variable, value at sp
   overflow [Z], and the statistics counters (`run_counters`);
-  index_fault [Z, 4]                       for a program with rewritten
+  index_fault [Z, 2]                       for a program with rewritten
                                            subscripts: each member's first
                                            index out of range (`subscripts`)
 
