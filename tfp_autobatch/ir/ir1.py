@@ -151,6 +151,16 @@ def successors(terminator):
       return []
 
 
+def predecessor_counts(blocks):
+  """{label: how many of the blocks' terminators may jump to it}. (A
+  function's callers enter its entry too: not counted here.)"""
+  counts = {b.label: 0 for b in blocks}
+  for b in blocks:
+    for target in successors(b.terminator):
+      counts[target] += 1
+  return counts
+
+
 def reachable(blocks, successors_of=None):
   """The blocks reachable from the first, in their original order.
   `successors_of(terminator)` defaults to IR-1's `successors` (IR-2 passes

@@ -34,7 +34,6 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.passes import definite_assignment
 from tfp_autobatch.runtime import raise_free
@@ -53,15 +52,6 @@ def if_to_select(program):
       _function(program, fn, computations) for fn in program.functions))
 
 
-def _predecessors(fn):
-  counts = {b.label: 0 for b in fn.blocks}
-  counts[fn.blocks[0].label] += 1   # the function's entry
-  for b in fn.blocks:
-    for target in ir1.successors(b.terminator):
-      counts[target] += 1
-  return counts
-
-
 def _function(program, fn, computations):
   while True:
     merged = _convert_one(program, fn, computations)
@@ -73,7 +63,8 @@ def _function(program, fn, computations):
 def _convert_one(program, fn, computations):
   """`fn` with its first convertible `if` converted, or None."""
   blocks = {b.label: b for b in fn.blocks}
-  predecessors = _predecessors(fn)
+  predecessors = ir1.predecessor_counts(fn.blocks)
+  predecessors[fn.blocks[0].label] += 1   # its callers enter the entry
   assigned = None
   for block in fn.blocks:
     arms = _diamond(block, blocks, predecessors)
@@ -182,10 +173,8 @@ def _select_primitive(program, fn, cond, then_ops, else_ops, before):
   def run_arm(ops, out_types, env):
     env = dict(env)
     for op, op_types in zip(ops, out_types):
-      with pyops.assigning(op_types, casts_tensors=True):
-        values = op.code.fn(*[env[v] for v in op.ins])
-      env.update(zip(op.outs, (vectorize.conform(x, t)
-                               for x, t in zip(values, op_types))))
+      run = vectorize.single_example_fn(op, op_types)
+      env.update(zip(op.outs, run(*[env[v] for v in op.ins])))
     return env
 
   def fn_(*values):

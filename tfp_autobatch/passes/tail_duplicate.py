@@ -30,11 +30,7 @@ def _copyable(block, entry_label):
 
 
 def _predecessors(blocks):
-  counts = dict.fromkeys(blocks, 0)
-  for b in blocks.values():
-    for target in ir1.successors(b.terminator):
-      counts[target] += 1
-  return counts
+  return ir1.predecessor_counts(blocks.values())
 
 
 def _size(blocks):

@@ -98,8 +98,9 @@ class RegisterFile:
                                       if slot is not None
                                       and slot.file.name == key])
                     for key in self.widths}
-    # Each packed leaf's first register (row or column) in its file (for `unpack` and
-    # `unpack_leaf`): chunks in turn, each followed by its padding.
+    # Each packed leaf's first register (row or column) in its file (for
+    # `unpack` and `unpack_leaf`): chunks in turn, each followed by its
+    # padding.
     self._first = {}
     for key, chunks in self._chunks.items():
       leaves = iter(i for i, slot in enumerate(self._slots)
@@ -150,15 +151,21 @@ class RegisterFile:
         piece = _as_registers([next(leaves_in_file) for _ in chunk],
                               self.axis)
         if padding:
-          shape = [padding, batch_state.size(first)]
-          piece.append(tf.zeros(shape[::1 - 2 * self.axis], first.dtype))
+          piece.append(tf.zeros(
+              self._file_shape(padding, batch_state.size(first)),
+              first.dtype))
         pieces.append(piece[0] if len(piece) == 1
                       else tf.concat(piece, axis=self.axis))
       width = sum(sum(c) + p for c, p in self._chunks[key])
       files[key] = (pieces[0] if len(pieces) == 1 else tf.reshape(
           fusible.stack(pieces, axis=self.axis),
-          [width, -1][::1 - 2 * self.axis]))
+          self._file_shape(width, -1)))
     return files, loose
+
+  def _file_shape(self, width, z):
+    """The shape of `width` registers of `z` members: [width, z] as rows,
+    [z, width] as columns (`axis`)."""
+    return [width, z] if self.axis == 0 else [z, width]
 
   def unpack(self, files, loose):
     """The nest packed by `pack`."""
