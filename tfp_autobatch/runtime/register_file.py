@@ -19,9 +19,10 @@ each register a contiguous row of the batch (as in a bank), else [Z,
 width]. XLA's CPU kernel that writes a file back evaluates its
 concatenation element by element, which over a [Z, width] file picks the
 source anew for every element, and over rows copies runs of Z: fib under
-`pc:xla` went from 60.9 to 43.2 us a VM step on 4,096 members and from
-10.8 to 6.6 on 1,024 (2 CPU cores; a scratch loop of 8 int32 registers
-on 4,096 members: 24 against 7 us an iteration). On few members rows
+`pc:xla` went from 10.8-11.0 to 6.8-7.0 us a VM step on 1,024 members
+and from 40.8-60.1 to 28.5-40.6 on 4,096 (five interleaved rounds of
+`benchmarks.programs`, `benchmarks/README.md`; a scratch loop of 8
+int32 registers on 4,096 members: 24 against 7 us an iteration). On few members rows
 cost more than they save (transposes of the leaves with a per-member
 shape, such as NUTS's seeds): NUTS transitions at 4 chains took 10-19%
 longer, at 64 the same (`benchmarks.nuts_vm_steps`, interleaved A/B).
