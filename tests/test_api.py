@@ -789,3 +789,34 @@ def test_batches_passed_by_keyword_bind_as_in_python():
     _affine(x, x=scale)
   with pytest.raises(TypeError, match="missing the batch argument 'scale'"):
     _affine(x=x)
+
+
+def test_repeated_calls_of_one_shape_skip_the_checks_but_not_new_shapes(
+    monkeypatch):
+  # A loop calling a batched function on batches of one dtype and shape
+  # checks and types them once; any other kind, dtype or shape is checked
+  # and typed afresh, so its errors and result types stay right.
+  from tfp_autobatch import api   # pylint: disable=import-outside-toplevel
+  checked = []
+  full = api._checked_and_typed   # pylint: disable=protected-access
+  monkeypatch.setattr(api, "_checked_and_typed",
+                      lambda fn, args: checked.append(1) or full(fn, args))
+
+  @tab.batch
+  def add(a, b):
+    return a + b
+  ints = np.array([1, 2, 3], np.int32)
+  for _ in range(3):
+    np.testing.assert_array_equal(add(ints, ints), [2, 4, 6])
+  assert len(checked) == 1
+  result = add(np.array([0.5, 1.0, 2.0]), np.array([1.0, 1.0, 1.0]))
+  assert result.dtype == tf.float64 and len(checked) == 2
+  np.testing.assert_array_equal(add(tf.constant(ints), tf.constant(ints)),
+                                [2, 4, 6])
+  assert len(checked) == 3
+  with pytest.raises(ValueError, match="different batch sizes"):
+    add(ints, np.ones([2], np.int32))
+  with pytest.raises(TypeError, match="Python list"):
+    add(ints, [1, 2, 3])
+  with pytest.raises(ValueError, match="leading batch dimension"):
+    add(np.zeros([], np.int32), ints)

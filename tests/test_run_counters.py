@@ -60,3 +60,19 @@ def test_member_and_row_sums_pass_two_to_the_31():
   stats = run_counters.to_stats(counters, 4, ["a", "b", "c"])
   assert stats.active_members == 2**31 + 1
   assert stats.batched_primitive_rows == 2**31 + 1
+
+
+def test_ended_counters_carry_the_halted_members_and_split_back():
+  # One array read gives the statistics and what the call must raise.
+  counters = _two_steps()
+  ended = run_counters.ended(counters, overflow=tf.constant(
+      [False, True, True, False]), faulted=tf.constant([True, False, False,
+                                                        False]))
+  for value in (ended, ended.numpy()):
+    back, overflowed, faulted = run_counters.split_ended(value)
+    assert np.array_equal(np.asarray(back), counters.numpy())
+    assert int(overflowed) == 2 and int(faulted) == 1
+  # A program without subscripts passes no fault flags at all.
+  _, overflowed, faulted = run_counters.split_ended(run_counters.ended(
+      counters, tf.zeros([4], tf.bool), tf.zeros([0], tf.bool)))
+  assert int(overflowed) == 0 and int(faulted) == 0

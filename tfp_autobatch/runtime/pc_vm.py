@@ -63,6 +63,7 @@ from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import block_runner
+from tfp_autobatch.runtime import concrete_calls
 from tfp_autobatch.runtime import dispatch as dispatch_lib
 from tfp_autobatch.runtime import no_gradient
 from tfp_autobatch.runtime import pfor_conditions
@@ -150,26 +151,32 @@ class PcVmRuntime:
       # A traced function to call: eagerly and wherever XLA compiles the
       # VM (see `_concrete_for`); pc:graph in a graph without XLA traces in
       # it, under the tapes, which then differentiate through the VM.
-      traced = eager or compiled_by_xla
-      vm = self._concrete_for(args) if traced else self.compiled_for(args)
+      if not (eager or compiled_by_xla):
+        outs = self.compiled_for(args)(*args)
       # (Eagerly only while a tape records: the wrapper costs an eager
       # call about 0.15 ms.)
-      if compiled_by_xla and (not eager or record.could_possibly_record()):
-        vm = functools.partial(self._without_gradient, vm)
-      result, overflow, faults, counters = vm(*args)
+      elif compiled_by_xla and (not eager or record.could_possibly_record()):
+        outs = self._without_gradient(self._concrete_for(args), *args)
+      else:
+        outs = concrete_calls.call(self._concrete_for(args), args)
+      result, overflow, faults, counters = outs
+    counters, overflowed, faulted = run_counters.split_ended(
+        counters.numpy() if tf.executing_eagerly() else counters)
     message = (f"stack depth exceeded: recursion went deeper than "
                f"max_stack_depth={self.depth}; raise max_stack_depth=... in "
                "@tab.batch(max_stack_depth=...)")
     if tf.executing_eagerly():
+      # The counters were read in one `.numpy()` with the members that
+      # overflowed or faulted (`run_counters.ended`): each read of another
+      # result, and an eager reduction, would cost about 10 us more.
       self.stats = run_counters.to_stats(counters, overflow.shape[0],
                                          self._labels)
       self.stats_tensors = None
-      # In NumPy: an eager reduction would dispatch one more op every call.
       # (A member halts at its first index fault, which may have sent it
       # on to the call that overflowed.)
-      if self._subscript_sites:
+      if faulted:
         subscripts.raise_first(faults.numpy())
-      if overflow.numpy().any():
+      if overflowed:
         raise errors.StackOverflowError(message)
       return result
     self.stats = None
@@ -340,10 +347,13 @@ class PcVmRuntime:
                          self.program.result)
     faults = small.get("index_fault", subscripts.no_faults(0))
     halted = small["overflow"]
+    faulted = tf.zeros([0], tf.bool)
     if self._subscript_sites:
-      halted = tf.logical_or(halted, subscripts.faulted(faults))
+      faulted = subscripts.faulted(faults)
+      halted = tf.logical_or(halted, faulted)
     return (_poison(result, halted), small["overflow"], faults,
-            state["counters"])
+            run_counters.ended(state["counters"], small["overflow"],
+                               faulted))
 
   def _small(self, state):
     """The registers, pc and overflow flags, unpacked from the loop state."""

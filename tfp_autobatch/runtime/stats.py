@@ -52,7 +52,9 @@ class PerThread:
     return value
 
   def __set__(self, obj, value):
-    graph = _graph_of(value)
+    # (A `RunStats` holds no tensors: what every eager call sets.)
+    graph = (None if value is None or isinstance(value, RunStats)
+             else _graph_of(value))
     if graph is not None:
       held = _Held(value)
       if getattr(graph, _HELD_BY_GRAPH, None) is None:

@@ -1,0 +1,37 @@
+"""`concrete_calls.call`: a traced function called at its flat inputs
+behaves as its own call does."""
+import numpy as np
+import tensorflow as tf
+
+from tfp_autobatch.runtime import concrete_calls
+
+
+def _traced():
+  spec = tf.TensorSpec([None], tf.float32)
+  @tf.function(input_signature=[{"b": spec, "a": spec}, (spec, spec)],
+               autograph=False)
+  def f(d, pair):
+    return {"sum": d["a"] + 2.0 * d["b"], "prod": pair[0] * pair[1]}, d["a"]
+  return f.get_concrete_function()
+
+
+def test_a_flat_call_binds_nested_arguments_as_the_function_does():
+  concrete = _traced()
+  d = {"a": tf.constant([1.0, 2.0]), "b": tf.constant([10.0, 20.0])}
+  pair = (tf.constant([3.0, 4.0]), tf.constant([5.0, 6.0]))
+  got = concrete_calls.call(concrete, [d, pair])
+  want = concrete(d, pair)
+  for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+    np.testing.assert_array_equal(g, w)
+  np.testing.assert_array_equal(got[0]["sum"], [21.0, 42.0])
+
+
+def test_a_flat_call_is_recorded_by_a_tape():
+  concrete = _traced()
+  a = tf.constant([1.0, 2.0])
+  b = tf.constant([10.0, 20.0])
+  with tf.GradientTape() as tape:
+    tape.watch(b)
+    out, _ = concrete_calls.call(concrete, [{"a": a, "b": b}, (a, b)])
+    loss = tf.reduce_sum(out["sum"] + out["prod"])
+  np.testing.assert_array_equal(tape.gradient(loss, b), [3.0, 4.0])
