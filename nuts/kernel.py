@@ -121,6 +121,20 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   The positional arguments are the ones above, in that order: from the
   fourth on they differ from `tfp.mcmc.NoUTurnSampler`'s (whose fourth is
   `max_energy_diff`), so pass TFP's extra arguments by keyword.
+
+  Kernels with the same `target_log_prob_fn` object (identity), tree
+  settings (`max_tree_depth`, `unrolled_leapfrog_steps`,
+  `num_trajectories_per_step`, `max_energy_diff`) and state layout run one
+  batched program (`nuts/programs.py`): the first step of the first of them
+  converts, traces and compiles it, and a kernel built again with the same
+  target (a notebook cell run again, a kernel per stage) reuses that. The
+  step size, backend, name and `parallel_iterations` may differ. Run
+  statistics (`last_run_stats`) and the target's XLA check stay per kernel.
+  The program is freed when the kernels and the target are: the cache holds
+  the target weakly. A target that cannot be weakly referenced is not
+  shared, and neither is a new function object of the same code (a bound
+  method looked up anew, a lambda made anew, the target that
+  `tfp.mcmc.TransformedTransitionKernel` wraps each time it is built).
   """
 
   def __init__(self, target_log_prob_fn, step_size, max_tree_depth=10,
@@ -164,6 +178,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         backend=backend, name=name, max_energy_diff=float(threshold),
         parallel_iterations=int(parallel_iterations),
         experimental_shard_axis_names=None)
+    # layout -> (nuts_steps, logp_and_grad), shared with the kernels that
+    # have this target and tree settings (`nuts/programs.py`); kept here,
+    # so that the program lives as long as this kernel.
     self._programs = {}
     self._gradient_labels = {}
     self._compiled_step = None
@@ -478,7 +495,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     `current_state`: after a step, `.ir(level=2)` prints the NUTS program
     the VM runs (its blocks in the order the VM dispatches them), and
     after an eager `one_step`, `.last_stats` holds that call's run
-    statistics. If a copy of this kernel ran the step (as
+    statistics (the last eager call of any kernel sharing the program,
+    see the class docstring; `last_run_stats` is this kernel's). If a
+    copy of this kernel ran the step (as
     `tfp.mcmc.TransformedTransitionKernel` runs one), it is the copy's
     program."""
     parts, is_list = _as_parts(current_state)
