@@ -29,6 +29,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 import tfp_autobatch as tab
+from nuts import programs
 from nuts import random as nuts_random
 from nuts import tree
 from tfp_autobatch.ir import ir2
@@ -120,6 +121,20 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   The positional arguments are the ones above, in that order: from the
   fourth on they differ from `tfp.mcmc.NoUTurnSampler`'s (whose fourth is
   `max_energy_diff`), so pass TFP's extra arguments by keyword.
+
+  Kernels with the same `target_log_prob_fn` object (identity), tree
+  settings (`max_tree_depth`, `unrolled_leapfrog_steps`,
+  `num_trajectories_per_step`, `max_energy_diff`) and state layout run one
+  batched program (`nuts/programs.py`): the first step of the first of them
+  converts, traces and compiles it, and a kernel built again with the same
+  target (a notebook cell run again, a kernel per stage) reuses that. The
+  step size, backend, name and `parallel_iterations` may differ. Run
+  statistics (`last_run_stats`) and the target's XLA check stay per kernel.
+  The program is freed when the kernels and the target are: the cache holds
+  the target weakly. A target that cannot be weakly referenced is not
+  shared, and neither is a new function object of the same code (a bound
+  method looked up anew, a lambda made anew, the target that
+  `tfp.mcmc.TransformedTransitionKernel` wraps each time it is built).
   """
 
   def __init__(self, target_log_prob_fn, step_size, max_tree_depth=10,
@@ -163,6 +178,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         backend=backend, name=name, max_energy_diff=float(threshold),
         parallel_iterations=int(parallel_iterations),
         experimental_shard_axis_names=None)
+    # layout -> (nuts_steps, logp_and_grad), shared with the kernels that
+    # have this target and tree settings (`nuts/programs.py`); kept here,
+    # so that the program lives as long as this kernel.
     self._programs = {}
     self._gradient_labels = {}
     self._compiled_step = None
@@ -251,24 +269,6 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   # -- state layout -----------------------------------------------------------
 
-  def _call_target(self, parts, is_list):
-    return self.target_log_prob_fn(*parts) if is_list else (
-        self.target_log_prob_fn(parts[0]))
-
-  def _value_and_grads(self, parts, is_list):
-    with tf.GradientTape() as tape:
-      tape.watch(parts)
-      logp = self._call_target(parts, is_list)
-    grads = tape.gradient(logp, parts)
-    for i, g in enumerate(grads):
-      if g is None:
-        raise ValueError(
-            "Encountered `None` gradient: target_log_prob_fn's log density "
-            f"does not depend on state part {i} differentiably (it is not "
-            "used, or behind tf.stop_gradient or an integer cast); every "
-            "state part must enter the log density")
-    return logp, grads
-
   def _check_chains_alike(self, parts, is_list, chain_rank):
     """Raises if the target, given one chain, does not return one value:
     it has parameters per chain (ReplicaExchangeMC's per-replica
@@ -288,7 +288,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
            for p in parts]
     try:
-      logp_one = self._call_target(one, is_list)
+      logp_one = programs.call_target(self.target_log_prob_fn, one,
+                                      is_list)
     except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
       # E.g. a tf.function whose input_signature fixes the chain count.
       raise ValueError(
@@ -315,29 +316,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         message=message.format("other"))
 
   def _program(self, layout):
-    """The batched NUTS program for a state layout (built once, cached)."""
-    if layout in self._programs:
-      return self._programs[layout]
-    event_shapes, is_list = layout
-    sizes = [int(np.prod(s)) for s in event_shapes]
-
-    @tab.batched_primitive
-    def logp_and_grad(flat_q):
-      single = flat_q.shape.rank == 1   # run_unbatched passes one chain
-      if single:
-        flat_q = flat_q[tf.newaxis]
-      parts = [tf.reshape(x, [-1] + list(s)) for x, s in
-               zip(tf.split(flat_q, sizes, axis=-1), event_shapes)]
-      logp, grads = self._value_and_grads(parts, is_list)
-      flat_g = tf.concat([tf.reshape(g, [-1, k]) for g, k in
-                          zip(grads, sizes)], axis=-1)
-      logp = tf.reshape(logp, [-1])
-      if single:
-        return logp[0], flat_g[0]
-      return logp, flat_g
-
-    program = tree.make_program(logp_and_grad, *self._tree_settings())
-    self._programs[layout] = (program, logp_and_grad)
+    """The batched NUTS program for a state layout: the one every kernel
+    with this target and tree settings runs (`nuts/programs.py`), kept
+    here so that it lives as long as this kernel."""
+    if layout not in self._programs:
+      self._programs[layout] = programs.nuts_program(
+          self.target_log_prob_fn, layout, self._tree_settings())
     return self._programs[layout]
 
   def _gradient_blocks(self, nuts_steps, layout):
@@ -385,7 +369,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # batched program's gradient calls get fresh tensors anyway: the
     # state parts split from its flat vector.)
     parts = [tf.identity(p) for p in parts]
-    logp, grads = self._value_and_grads(parts, is_list)
+    logp, grads = programs.value_and_grads(self.target_log_prob_fn,
+                                           parts, is_list)
     _check_log_density(logp, parts)
     self._check_chains_alike(parts, is_list, logp.shape.rank)
     _check_finite_start(logp)
@@ -470,7 +455,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       return [tf.TensorSpec([rows] + p.shape[chain_ndims:].as_list(),
                             p.dtype) for p in parts]
     as_traced = tf.function(
-        lambda *xs: self._value_and_grads(list(xs), is_list),
+        lambda *xs: programs.value_and_grads(self.target_log_prob_fn,
+                                             list(xs), is_list),
         input_signature=specs(1 if chains_known else None), autograph=False)
     target = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
                          autograph=False)
@@ -509,7 +495,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     `current_state`: after a step, `.ir(level=2)` prints the NUTS program
     the VM runs (its blocks in the order the VM dispatches them), and
     after an eager `one_step`, `.last_stats` holds that call's run
-    statistics. If a copy of this kernel ran the step (as
+    statistics (the last eager call of any kernel sharing the program,
+    see the class docstring; `last_run_stats` is this kernel's). If a
+    copy of this kernel ran the step (as
     `tfp.mcmc.TransformedTransitionKernel` runs one), it is the copy's
     program."""
     parts, is_list = _as_parts(current_state)
@@ -560,7 +548,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                        flat(grads), step, chain_keys, backend=self.backend)
     except tab.TypeInferenceError as e:
       cause = e.__cause__
-      if not _raised_in(cause, NoUTurnSampler._call_target):
+      if not _raised_in(cause, programs.call_target):
         raise
       # tfp_autobatch's error names our gradient call in nuts/tree.py (and,
       # for an `if`, advises a @tab.batch body); the code at fault is the

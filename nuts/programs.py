@@ -1,0 +1,136 @@
+"""The batched NUTS program of a target, built once and shared by kernels.
+
+    nuts_program(target, layout, settings) -> (nuts_steps, logp_and_grad)
+
+`nuts_steps` is `tree.make_program` over `logp_and_grad`, a
+`@tab.batched_primitive` that calls the target on a batch of flat chain
+states. It depends on the target, the state layout (the per-chain shapes of
+the state parts, and whether the state is a list) and the tree settings
+(`NoUTurnSampler._tree_settings()`) alone: the step size, the seed and the
+backend are arguments of each call, and the dtype is the call's. Kernels
+that agree on all three therefore run one program, whose conversion, traced
+VMs and XLA compilations are made once: a notebook cell that builds
+`NoUTurnSampler(target, ...)` again, a driver that builds a kernel per
+stage, a `tf.function` that builds one per trace.
+
+The target is the same object (identity, not equality). The cache holds it
+weakly: each program's closure reaches its target through a weak reference,
+so the cache keeps neither the target nor what it captures alive, and when
+the target is freed its programs are dropped. A kernel holds its target and
+its programs, so a program is kept as long as a kernel that runs it or its
+target lives. A target that cannot be weakly referenced (a
+`method_descriptor` such as `str.upper`, an object of a class whose
+`__slots__` leave out `__weakref__`) is not shared: each call builds it a
+program of its own, which holds it strongly. Bound methods are objects made
+at each attribute access: kernels built from `model.log_prob` twice get two
+targets, which share nothing (keep `log_prob = model.log_prob` and pass
+that).
+"""
+import collections
+import functools
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+import tfp_autobatch as tab
+from nuts import tree
+
+__all__ = ["nuts_program", "call_target", "value_and_grads"]
+
+_Shared = collections.namedtuple("_Shared", [
+    "target_ref",   # weakref.ref to the target
+    "programs",     # (layout, settings) -> (nuts_steps, logp_and_grad)
+])
+
+# id(target) -> _Shared, for the targets alive (an entry is removed by its
+# weak reference's callback when the target is freed).
+_SHARED = {}
+
+
+def call_target(target, parts, is_list):
+  """The target's log density of the state parts (the only place the
+  target is called: the kernel tells the user's errors by this frame)."""
+  return target(*parts) if is_list else target(parts[0])
+
+
+def value_and_grads(target, parts, is_list):
+  """`(log density, [gradient per part])`, gradients from a tape."""
+  with tf.GradientTape() as tape:
+    tape.watch(parts)
+    logp = call_target(target, parts, is_list)
+  grads = tape.gradient(logp, parts)
+  for i, g in enumerate(grads):
+    if g is None:
+      raise ValueError(
+          "Encountered `None` gradient: target_log_prob_fn's log density "
+          f"does not depend on state part {i} differentiably (it is not "
+          "used, or behind tf.stop_gradient or an integer cast); every "
+          "state part must enter the log density")
+  return logp, grads
+
+
+def nuts_program(target, layout, settings):
+  """The batched NUTS program for `target` on states of `layout`, built
+  with the tree settings `settings` (`tree.make_program`'s arguments after
+  the gradient): the one built before for this very target, layout and
+  settings, if any."""
+  try:
+    shared = _shared(target)
+  except TypeError:   # cannot be weakly referenced: not shared
+    return _build(lambda: target, layout, settings)
+  key = (layout, tuple(settings))
+  if key not in shared.programs:
+    shared.programs[key] = _build(shared.target_ref, layout, settings)
+  return shared.programs[key]
+
+
+def _shared(target):
+  """The target's cache entry, made if it has none. (An id is looked up,
+  and the entry's target compared: ids are reused once objects die.)"""
+  shared = _SHARED.get(id(target))
+  if shared is None or shared.target_ref() is not target:
+    ref = weakref.ref(target, functools.partial(_forget, id(target)))
+    shared = _SHARED[id(target)] = _Shared(ref, {})
+  return shared
+
+
+def _forget(key, ref):
+  """The weak reference's callback: its target died; drop its programs."""
+  shared = _SHARED.get(key)
+  if shared is not None and shared.target_ref is ref:
+    del _SHARED[key]
+
+
+def _build(target_ref, layout, settings):
+  """A new program, whose gradient calls `target_ref()`."""
+  event_shapes, is_list = layout
+  sizes = [int(np.prod(s)) for s in event_shapes]
+
+  @tab.batched_primitive
+  def logp_and_grad(flat_q):
+    single = flat_q.shape.rank == 1   # run_unbatched passes one chain
+    if single:
+      flat_q = flat_q[tf.newaxis]
+    parts = [tf.reshape(x, [-1] + list(s)) for x, s in
+             zip(tf.split(flat_q, sizes, axis=-1), event_shapes)]
+    logp, grads = value_and_grads(_alive(target_ref), parts, is_list)
+    flat_g = tf.concat([tf.reshape(g, [-1, k]) for g, k in
+                        zip(grads, sizes)], axis=-1)
+    logp = tf.reshape(logp, [-1])
+    if single:
+      return logp[0], flat_g[0]
+    return logp, flat_g
+
+  return tree.make_program(logp_and_grad, *settings), logp_and_grad
+
+
+def _alive(target_ref):
+  target = target_ref()
+  if target is None:
+    # Only a program kept apart from every kernel and from its target, then
+    # traced again (a new dtype, backend or batch size), gets here.
+    raise RuntimeError(
+        "the target_log_prob_fn of this NUTS program was freed; run the "
+        "program through a nuts.NoUTurnSampler, which keeps its target")
+  return target

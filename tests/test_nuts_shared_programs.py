@@ -1,0 +1,135 @@
+"""Kernels with the same target, tree settings and state layout share one
+batched NUTS program (`nuts/programs.py`); the cache frees it with the
+target. Deterministic (fixed seeds): false-failure rate 0."""
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nuts
+from nuts import programs
+from tfp_autobatch import pipeline
+
+INIT = np.random.RandomState(2).randn(3, 2)
+
+
+def make_target(scale=1.):
+  """A 2-d Gaussian log density that captures its data, as a model does."""
+  data = tf.constant([0.5, -1.], tf.float64)
+  def target(x):
+    return -0.5 * tf.reduce_sum(((x - data) / scale) ** 2, -1)
+  return target, data
+
+
+def step(kernel, seed=(1, 2)):
+  """One eager step from INIT: (state, results, the program it ran)."""
+  init = tf.constant(INIT)
+  start = kernel.bootstrap_results(init)
+  state, results = kernel.one_step(init, start, seed=list(seed))
+  return state, results, kernel.batched_program(init, start)
+
+
+def programs_of(*kernels):
+  init = tf.constant(INIT)
+  return [k.batched_program(init, k.bootstrap_results(init)) for k in kernels]
+
+
+def test_a_second_kernel_with_the_same_target_runs_the_first_ones_program():
+  target, _ = make_target()
+  first = nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2,
+                              backend="pc:graph")
+  state, results, program = step(first)
+  runtime = pipeline.runtime(program, program._last_types, "pc:graph")  # pylint: disable=protected-access
+  assert runtime.trace_count == 1
+  stats = first.last_run_stats
+  # A new kernel object, as a re-run notebook cell or a driver that builds
+  # a kernel per stage makes: it runs the traced VM, tracing nothing.
+  second = nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2,
+                               backend="pc:graph")
+  again, again_results, again_program = step(second)
+  assert again_program is program
+  assert runtime.trace_count == 1
+  np.testing.assert_array_equal(again, state)
+  np.testing.assert_array_equal(again_results.leapfrogs_taken,
+                                results.leapfrogs_taken)
+  # Run statistics stay per kernel: each reports its own step.
+  assert first.last_run_stats is stats
+  assert second.last_run_stats is not stats
+  assert second.last_run_stats.batch_size == len(INIT)
+  assert (second.last_run_stats.batched_primitive_rows
+          == stats.batched_primitive_rows)
+
+
+def test_other_settings_targets_or_layouts_get_programs_of_their_own():
+  target, _ = make_target()
+  other_target, _ = make_target()
+  kernel = nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2)
+  same, *others = programs_of(
+      # The step size, backend, name and parallel_iterations are not the
+      # program's: these share it.
+      nuts.NoUTurnSampler(target, 0.2, max_tree_depth=2, backend="pc:graph",
+                          name="other", parallel_iterations=3),
+      nuts.NoUTurnSampler(target, 0.5, max_tree_depth=3),
+      nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2,
+                          unrolled_leapfrog_steps=2),
+      nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2,
+                          num_trajectories_per_step=2),
+      nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2, max_energy_diff=9.),
+      nuts.NoUTurnSampler(other_target, 0.5, max_tree_depth=2))
+  (program,) = programs_of(kernel)
+  assert same is program
+  assert len({id(p) for p in [program] + others}) == 1 + len(others)
+  # Another state layout: a list of one part.
+  init = [tf.constant(INIT)]
+  assert kernel.batched_program(init, kernel.bootstrap_results(init)) is not (
+      program)
+
+
+class _SlotsTarget:
+  """A callable that cannot be weakly referenced: never shared."""
+  __slots__ = ()
+
+  def __call__(self, x):
+    return -0.5 * tf.reduce_sum(x * x, -1)
+
+
+def test_a_target_that_cannot_be_weakly_referenced_is_not_shared():
+  target = _SlotsTarget()
+  with pytest.raises(TypeError):
+    weakref.ref(target)
+  a, b = programs_of(nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2),
+                     nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2))
+  assert a is not b
+
+
+def test_the_program_is_freed_with_its_kernels_and_target():
+  target, data = make_target()
+  kernel = nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2,
+                               backend="pc:graph")
+  program = step(kernel)[2]
+  # The program holds its traced VM, which captures the target's data.
+  program_ref = weakref.ref(program)
+  target_ref, data_ref = weakref.ref(target), weakref.ref(data)
+  logp_and_grad = next(iter(kernel._programs.values()))[1]  # pylint: disable=protected-access
+  del program, data
+  # With the kernel dropped and the target kept, the cache keeps the
+  # program for the next kernel (a notebook cell run again).
+  del kernel
+  gc.collect()
+  assert program_ref() is not None
+  (again,) = programs_of(nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2))
+  assert again is program_ref()
+  del again
+  # Dropping the target too frees it, and the data the target captured.
+  del target
+  gc.collect()
+  assert target_ref() is None
+  assert data_ref() is None
+  assert program_ref() is None
+  assert not any(s.target_ref() is None for s in programs._SHARED.values())  # pylint: disable=protected-access
+  # A program's gradient kept apart from its kernels and target says so.
+  with pytest.raises(RuntimeError, match="target_log_prob_fn of this NUTS "
+                     "program was freed"):
+    logp_and_grad(tf.zeros([1, 2], tf.float64))
