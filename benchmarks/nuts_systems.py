@@ -190,8 +190,12 @@ class Ours(_KernelChains):
     if backend not in tab.BACKENDS:
       raise SkipSystem(f"backend {backend!r} is not in tfp_autobatch.BACKENDS "
                        f"{list(tab.BACKENDS)}")
+    # A target of its own (a new partial), so that `first_call_sec` counts
+    # conversion and compilation from scratch at every size and for every
+    # system: kernels with one target object share their program
+    # (nuts/programs.py), and a later size would skip the conversion.
     self.kernel = nuts.NoUTurnSampler(
-        problem.target_log_prob, settings.step_size,
+        functools.partial(problem.target_log_prob), settings.step_size,
         max_tree_depth=settings.max_tree_depth,
         unrolled_leapfrog_steps=settings.unrolled_leapfrog_steps,
         num_trajectories_per_step=settings.num_trajectories_per_step,

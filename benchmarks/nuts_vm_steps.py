@@ -18,6 +18,7 @@ TensorFlow ops the trace built (`traced_ops`). With
 what remains is the VM's own cost.
 """
 import collections
+import functools
 import json
 import time
 
@@ -68,8 +69,12 @@ def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
   call, so the same work each time (what the VM benchmarks take apart),
   traced in a `tf.function` compiled with XLA as a whole if
   `jit_compile`."""
+  # A target of its own (a new partial): kernels with one target object
+  # share their program (nuts/programs.py), and `first_call_sec` counts
+  # conversion and compilation from scratch.
   kernel = nuts.NoUTurnSampler(
-      problem.target_log_prob, problem.step_size, backend=backend,
+      functools.partial(problem.target_log_prob), problem.step_size,
+      backend=backend,
       num_trajectories_per_step=num_trajectories)
   state = tf.constant(problem.initial_state(chains))
   results = kernel.bootstrap_results(state)
