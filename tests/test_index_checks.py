@@ -27,9 +27,7 @@ GRID = tf.constant([[1.0, 2.0], [3.0, 4.0]])
 
 
 def _grids(n):
-  """GRID for each of n examples. (A two-index subscript of a matrix
-  shared by all examples does not vectorise: pfor has no GatherNd of
-  loop-invariant params.)"""
+  """GRID for each of n examples, as a batch."""
   return np.stack([GRID.numpy()] * n)
 
 
@@ -149,6 +147,30 @@ def test_the_axis_out_of_range_of_a_two_index_subscript_is_named(backend):
                      match=r"`m\[i, j\]` is 2 for example 1 of the batch, "
                      "out of range for axis 1 of size 2"):
     grid_at(_grids(2), np.array([0, 1]), np.array([1, 2]), backend=backend)
+
+
+CUBE = tf.reshape(tf.range(24.0), [2, 3, 4])
+
+
+@tab.batch
+def cube_at(i, j):
+  """Two indices into a table shared by all examples: its rows (length
+  4) are what each example reads."""
+  return CUBE[i, j - 1]
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_two_indices_into_a_shared_table_vectorise(backend, monkeypatch):
+  # pfor has no batched GatherNd of a value shared by all rows: such a
+  # subscript ran as a loop over the batch (strict mode: an error).
+  monkeypatch.setenv("TFP_AUTOBATCH_STRICT_PFOR", "1")
+  i, j = np.array([0, 1, -1, -2, 1]), np.array([1, 3, 0, -1, 2])
+  np.testing.assert_array_equal(cube_at(i, j, backend=backend),
+                                CUBE.numpy()[i, j - 1])
+  with pytest.raises(tab.IndexOutOfRangeError,
+                     match=r"`CUBE\[i, j - 1\]` is 3 for example 1 of the "
+                     "batch, out of range for axis 1 of size 3"):
+    cube_at(np.array([0, 1]), np.array([1, 4]), backend=backend)
 
 
 @pytest.mark.parametrize("backend", tab.BACKENDS)

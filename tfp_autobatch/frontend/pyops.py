@@ -12,6 +12,7 @@ primitive too (see `as_assigned`, `assigning`).
 import ast
 import contextlib
 import contextvars
+import math
 
 import tensorflow as tf
 
@@ -187,8 +188,26 @@ def getitem(value, index, site=None):
     wrapped = subscripts.checked_indices(site, indices, wrapped, sizes)
   if len(wrapped) == 1:
     return tf.gather(value, wrapped[0])
-  common = wrapped[0].dtype
-  return tf.gather_nd(value, tf.stack([tf.cast(i, common) for i in wrapped]))
+  return _gather_at(value, wrapped, sizes)
+
+
+def _gather_at(value, indices, sizes):
+  """`value[i0, i1, ...]` for in-range scalar `indices` into the axes of
+  `sizes`, as one `tf.gather` at the row-major flat index from `value`
+  with those axes merged. Not a `tf.gather_nd`: pfor has no batched
+  GatherNd of a value shared by all examples (a closure constant) and ran
+  such a subscript as a loop over the batch, where it vectorises a
+  gather."""
+  big = sizes if all(isinstance(d, int) for d in sizes) else None
+  # int64 where the merged axes might hold more elements than int32 counts.
+  dtype = (tf.int32 if big is not None and math.prod(big) < 2**31
+           and all(i.dtype == tf.int32 for i in indices) else tf.int64)
+  flat = tf.cast(indices[0], dtype)
+  for i, d in zip(indices[1:], sizes[1:]):
+    flat = flat * tf.cast(d, dtype) + tf.cast(i, dtype)
+  rest = tf.shape(value)[len(indices):]
+  merged = tf.reshape(value, tf.concat([[-1], rest], 0))
+  return tf.gather(merged, flat)
 
 
 def _leading_sizes(value, n):
