@@ -132,9 +132,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   statistics (`last_run_stats`) and the target's XLA check stay per kernel.
   The program is freed when the kernels and the target are: the cache holds
   the target weakly. A target that cannot be weakly referenced is not
-  shared, and neither is a new function object of the same code (a bound
-  method looked up anew, a lambda made anew, the target that
-  `tfp.mcmc.TransformedTransitionKernel` wraps each time it is built).
+  shared, and neither is a new function object of the same code (a lambda
+  made anew, the target that `tfp.mcmc.TransformedTransitionKernel` wraps
+  each time it is built); a method bound to an object (`model.log_prob`,
+  a new object at each look-up) is the same target for the same function
+  and object.
   """
 
   def __init__(self, target_log_prob_fn, step_size, max_tree_depth=10,

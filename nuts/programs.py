@@ -21,13 +21,15 @@ its programs, so a program is kept as long as a kernel that runs it or its
 target lives. A target that cannot be weakly referenced (a
 `method_descriptor` such as `str.upper`, an object of a class whose
 `__slots__` leave out `__weakref__`) is not shared: each call builds it a
-program of its own, which holds it strongly. Bound methods are objects made
-at each attribute access: kernels built from `model.log_prob` twice get two
-targets, which share nothing (keep `log_prob = model.log_prob` and pass
-that).
+program of its own, which holds it strongly. A Python method bound to an
+object is a new object at each attribute access: kernels built from
+`model.log_prob` twice share, as the same function bound to the same
+object (the cache holds that object weakly, and the program binds the
+function to it afresh at each trace).
 """
 import collections
 import functools
+import types
 import weakref
 
 import numpy as np
@@ -39,12 +41,13 @@ from nuts import tree
 __all__ = ["nuts_program", "call_target", "value_and_grads"]
 
 _Shared = collections.namedtuple("_Shared", [
-    "target_ref",   # weakref.ref to the target
+    "target_ref",   # weakref.ref to the target (a method's: its object)
     "programs",     # (layout, settings) -> (nuts_steps, logp_and_grad)
 ])
 
-# id(target) -> _Shared, for the targets alive (an entry is removed by its
-# weak reference's callback when the target is freed).
+# (id(target), None) or, for a bound method, (id(its object), its function)
+# -> _Shared, for the targets alive (an entry is removed by its weak
+# reference's callback when the target, or the method's object, is freed).
 _SHARED = {}
 
 
@@ -75,23 +78,47 @@ def nuts_program(target, layout, settings):
   with the tree settings `settings` (`tree.make_program`'s arguments after
   the gradient): the one built before for this very target, layout and
   settings, if any."""
+  owner, function = _owner_and_method(target)
   try:
-    shared = _shared(target)
+    shared = _shared(owner, function)
   except TypeError:   # cannot be weakly referenced: not shared
     return _build(lambda: target, layout, settings)
   key = (layout, tuple(settings))
   if key not in shared.programs:
-    shared.programs[key] = _build(shared.target_ref, layout, settings)
+    if function is None:
+      call = shared.target_ref
+    else:   # the method bound afresh to its object, which is held weakly
+      call = functools.partial(_bound, shared.target_ref, function)
+    shared.programs[key] = _build(call, layout, settings)
   return shared.programs[key]
 
 
-def _shared(target):
-  """The target's cache entry, made if it has none. (An id is looked up,
-  and the entry's target compared: ids are reused once objects die.)"""
-  shared = _SHARED.get(id(target))
-  if shared is None or shared.target_ref() is not target:
-    ref = weakref.ref(target, functools.partial(_forget, id(target)))
-    shared = _SHARED[id(target)] = _Shared(ref, {})
+def _owner_and_method(target):
+  """`(object, function)` for a Python method bound to an object, whose
+  every attribute access (`model.log_prob`) makes a new method object:
+  two such are the same target if they bind one function to one object.
+  `(target, None)` for any other target, the same only as itself."""
+  if isinstance(target, types.MethodType):
+    return target.__self__, target.__func__
+  return target, None
+
+
+def _bound(owner_ref, function):
+  """`function` bound to the object `owner_ref` refers to, or None once
+  that object is freed (see `_alive`)."""
+  owner = owner_ref()
+  return None if owner is None else types.MethodType(function, owner)
+
+
+def _shared(owner, function=None):
+  """The cache entry of the target `owner` (or of the method `function`
+  bound to the object `owner`), made if it has none. (An id is looked up,
+  and the entry's object compared: ids are reused once objects die.)"""
+  key = (id(owner), function)
+  shared = _SHARED.get(key)
+  if shared is None or shared.target_ref() is not owner:
+    ref = weakref.ref(owner, functools.partial(_forget, key))
+    shared = _SHARED[key] = _Shared(ref, {})
   return shared
 
 

@@ -133,3 +133,46 @@ def test_the_program_is_freed_with_its_kernels_and_target():
   with pytest.raises(RuntimeError, match="target_log_prob_fn of this NUTS "
                      "program was freed"):
     logp_and_grad(tf.zeros([1, 2], tf.float64))
+
+
+class _Model:
+  """A model whose log density is a plain method: `model.log_prob` is a
+  new bound-method object at each look-up."""
+
+  def __init__(self):
+    self.data = tf.constant([0.5, -1.], tf.float64)
+
+  def log_prob(self, x):
+    return -0.5 * tf.reduce_sum((x - self.data) ** 2, -1)
+
+  def other_log_prob(self, x):
+    return -0.5 * tf.reduce_sum(x ** 2, -1)
+
+
+def test_a_method_looked_up_again_on_its_object_shares_the_program():
+  model, other_model = _Model(), _Model()
+  first = nuts.NoUTurnSampler(model.log_prob, 0.5, max_tree_depth=2,
+                              backend="pc:graph")
+  state, _, program = step(first)
+  second = nuts.NoUTurnSampler(model.log_prob, 0.5, max_tree_depth=2,
+                               backend="pc:graph")
+  assert model.log_prob is not model.log_prob
+  again, _, again_program = step(second)
+  assert again_program is program
+  np.testing.assert_array_equal(again, state)
+  # Another object, or another method of the same object, is another
+  # target.
+  others = programs_of(
+      nuts.NoUTurnSampler(other_model.log_prob, 0.5, max_tree_depth=2,
+                          backend="pc:graph"),
+      nuts.NoUTurnSampler(model.other_log_prob, 0.5, max_tree_depth=2,
+                          backend="pc:graph"))
+  assert len({id(p) for p in [program] + others}) == 3
+  # The cache holds the object weakly: dropping the kernels and the model
+  # frees the model, its data and the program.
+  model_ref, data_ref = weakref.ref(model), weakref.ref(model.data)
+  program_ref = weakref.ref(program)
+  del first, second, program, again_program, model
+  gc.collect()
+  assert model_ref() is None and data_ref() is None
+  assert program_ref() is None
