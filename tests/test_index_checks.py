@@ -173,6 +173,25 @@ def test_two_indices_into_a_shared_table_vectorise(backend, monkeypatch):
     cube_at(np.array([0, 1]), np.array([1, 4]), backend=backend)
 
 
+NOTHING = tf.zeros([3, 0, 2])
+
+
+@tab.batch
+def read_nothing(i, j):
+  return NOTHING[i, j]
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_an_axis_of_size_0_has_no_valid_index(backend):
+  # TensorFlow's gather from an empty axis raised its own error, and XLA
+  # failed to compile the VM.
+  with pytest.raises(tab.IndexOutOfRangeError,
+                     match=r"`NOTHING\[i, j\]` is 0 for example 0 of the "
+                     r"batch, out of range for axis 1 of size 0 \(it has no "
+                     "valid index"):
+    read_nothing(np.array([1, 2]), np.array([0, 0]), backend=backend)
+
+
 @pytest.mark.parametrize("backend", tab.BACKENDS)
 def test_an_index_out_of_range_in_a_loop_or_after_recursion_raises(backend):
   np.testing.assert_array_equal(
