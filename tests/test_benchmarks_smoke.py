@@ -12,6 +12,7 @@ import pytest
 from benchmarks import programs as bench
 from benchmarks import programs_report
 from benchmarks import programs_systems
+from tfp_autobatch import pipeline
 
 # Small inputs keep the test fast; the programs still recurse and loop.
 TINY_RANGES = {"fib": (3, 8), "collatz": (1, 30)}
@@ -144,3 +145,19 @@ def test_benchmarks_are_not_installed_as_a_package():
   top_level = importlib.metadata.distribution("tfp_autobatch").read_text(
       "top_level.txt")
   assert sorted(top_level.split()) == ["nuts", "tfp_autobatch"]
+
+
+def test_index_checks_benchmark_times_both_reads(tmp_path):
+  # The checked and unchecked walks give the same (checked) answers, and
+  # every cell is timed in every round.
+  from benchmarks import index_checks   # pylint: disable=import-outside-toplevel
+  times = index_checks.benchmark(["pc:xla"], [3], rounds=2, calls=1)
+  assert sorted(times) == [("pc:xla", 3, "checked"),
+                           ("pc:xla", 3, "unchecked")]
+  assert all(len(t) == 2 and min(t) > 0 for t in times.values())
+  def sites(fn):
+    return [site for f in pipeline.convert_program(fn).functions
+            for b in f.blocks for op in b.ops if hasattr(op, "code")
+            for site in op.code.subscripts]
+  assert len(sites(index_checks.walk_checked)) == 1
+  assert not sites(index_checks.walk_unchecked)
