@@ -64,6 +64,7 @@ class BatchedFunction:
     self.max_stack_depth = int(max_stack_depth)
     self.backend = backend
     self._last_types = None
+    self._last_backend = None   # the last call's, for `ir()`
     self._last_dense = None   # see `_prepare`
     functools.update_wrapper(self, python_function)
     # The call's signature: the function's batch parameters and `backend`
@@ -153,7 +154,7 @@ class BatchedFunction:
           f"backend {name!r} runs its control flow eagerly in Python and "
           "cannot run inside tf.function; use 'pc:graph' or 'pc:xla' there")
     runtime = pipeline.runtime(self, arg_types, name)
-    self._last_types = arg_types
+    self._last_types, self._last_backend = arg_types, name
     self.last_stats = self.last_stats_tensors = None   # if the run raises
     result = runtime.run(args, batch_size)
     self.last_stats = runtime.stats
@@ -179,18 +180,24 @@ class BatchedFunction:
                       f"{missing[0]!r}")
     return tuple(args) + tuple(batches[p] for p in params[len(args):])
 
-  def ir(self, level=1):
+  def ir(self, level=1, backend=None):
     """The program as IR-1 (typed for the last call's inputs, if any), or
-    with `level=2` as IR-2 (typed, so only after a call)."""
+    with `level=2` as IR-2 (typed, so only after a call), as `backend`
+    runs it: by default the last call's backend. (`pc:xla` alone makes
+    small floating-point `if`s selects: `pipeline.selects_floats`.)"""
+    if backend is not None:
+      backends.check_name(backend)
+    else:
+      backend = self._last_backend
     if level == 2:
       if self._last_types is None:
         raise ValueError("IR-2 is typed by the inputs: call the function "
                          "once before asking for ir(level=2)")
-      return pipeline.stack_program(self, self._last_types)
+      return pipeline.stack_program(self, self._last_types, backend)
     if level != 1:
       raise ValueError(f"IR level {level} is not available; levels: 1, 2")
     if self._last_types is not None:
-      return pipeline.typed_program(self, self._last_types)
+      return pipeline.typed_program(self, self._last_types, backend)
     return pipeline.convert_program(self)
 
   def reference(self, *args):

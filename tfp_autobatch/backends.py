@@ -37,6 +37,12 @@ _FACTORIES = {
 BACKENDS = tuple(_FACTORIES)
 EAGER_ONLY = ("local:eager", "local:eager_xla", "pc:eager")
 COMPILED_BY_XLA = tuple(name for name in BACKENDS if name.endswith("xla"))
+# Backends no gradient goes through (`runtime/no_gradient.py`: XLA
+# compiles the whole VM), whose programs therefore run both arms of small
+# floating-point `if`s too (`passes/if_to_select.py`). `pc:graph` is not
+# one, even inside `tf.function(jit_compile=True)`: its program is made
+# before the call knows where it runs, and is the one it runs eagerly.
+NEVER_DIFFERENTIATED = ("pc:xla",)
 
 
 def check_name(name):

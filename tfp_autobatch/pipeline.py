@@ -4,6 +4,8 @@
       --check_definitely_assigned--> the same, or a ConversionError
       --infer_types--> typed IR-1 (one per input signature)
       --inline, if_to_select, tail_duplicate--> fewer, bigger blocks
+        (for `backends.NEVER_DIFFERENTIATED`, `pc:xla`, a variant whose
+        floating-point `if`s are selects too)
       --lower, stack_optimize, branch_at_call, return_early,
         drop_redundant_copies--> IR-2 (program-counter backends)
       --backend--> runtime (one per signature and backend)
@@ -36,7 +38,14 @@ def _cache(entry):
   """The entry function's cache of what the pipeline made of it:
 
     "program"                                  -> untyped IR-1 program
+    ("selected", arg types, floats)            -> typed IR-1 program after
+                                                  if_to_select(floats=...)
     ("typed", arg types)                       -> typed IR-1 program
+    ("typed", arg types, "floats selected")    -> the same for the backends
+                                                  no gradient goes through
+                                                  (the one above if their
+                                                  if_to_select changed
+                                                  nothing)
     ("runtime", arg types, backend, max_stack_depth) -> runtime
 
   Kept on the function, not in a module-level dict, so that a batched
@@ -81,17 +90,51 @@ def convert_program(entry):
   return cache["program"]
 
 
-def typed_program(entry, arg_types):
+def selects_floats(backend):
+  """Whether `backend`'s program makes floating-point `if`s selects too:
+  only where no gradient can go through it (`pc:xla`), since a select's
+  gradient turns the untaken arm's NaN into a NaN gradient."""
+  from tfp_autobatch import backends
+  return backend in backends.NEVER_DIFFERENTIATED
+
+
+def _selected(entry, arg_types, floats):
+  """Typed IR-1 through if_to_select: integer `if`s made selects, and with
+  `floats` the floating-point ones too, converted in the integer-only
+  program (so that the two differ in those only)."""
   cache = _cache(entry)
-  key = ("typed", types_lib.hashable(tuple(arg_types)))
+  key = ("selected", types_lib.hashable(tuple(arg_types)), floats)
   if key not in cache:
-    program = convert_program(entry)
-    program = _checked(infer_types.infer_types(program, arg_types),
-                       "infer_types")
-    program = _checked(inline.inline(program), "inline")
-    program = _checked(if_to_select.if_to_select(program), "if_to_select")
-    cache[key] = _checked(tail_duplicate.tail_duplicate(program),
-                          "tail_duplicate")
+    if floats:
+      program = _selected(entry, arg_types, floats=False)
+    else:
+      program = convert_program(entry)
+      program = _checked(infer_types.infer_types(program, arg_types),
+                         "infer_types")
+      program = _checked(inline.inline(program), "inline")
+    cache[key] = _checked(if_to_select.if_to_select(program, floats=floats),
+                          "if_to_select")
+  return cache[key]
+
+
+def typed_program(entry, arg_types, backend=None):
+  """Typed IR-1 for `entry` on inputs of `arg_types`, as `backend` runs it:
+  the program every backend shares, or for a backend that selects
+  floating-point `if`s (`selects_floats`) its own variant (the same object
+  where it has none to select). None is the shared one, which the
+  reference interpreter runs."""
+  cache = _cache(entry)
+  floats = selects_floats(backend)
+  key = ("typed", types_lib.hashable(tuple(arg_types)))
+  if floats:
+    key += ("floats selected",)
+  if key not in cache:
+    selected = _selected(entry, arg_types, floats)
+    if floats and selected is _selected(entry, arg_types, floats=False):
+      cache[key] = typed_program(entry, arg_types)
+    else:
+      cache[key] = _checked(tail_duplicate.tail_duplicate(selected),
+                            "tail_duplicate")
   return cache[key]
 
 
@@ -137,9 +180,10 @@ def stack_program_before(typed, pass_name):
   return _lowered(typed, before=pass_name)
 
 
-def stack_program(entry, arg_types):
-  """IR-2 for `entry` on inputs of `arg_types`."""
-  return stack_program_of(typed_program(entry, arg_types))
+def stack_program(entry, arg_types, backend=None):
+  """IR-2 for `entry` on inputs of `arg_types`, as `backend` runs it (see
+  `typed_program`)."""
+  return stack_program_of(typed_program(entry, arg_types, backend))
 
 
 def runtime(entry, arg_types, backend):
@@ -149,5 +193,6 @@ def runtime(entry, arg_types, backend):
          entry.max_stack_depth)
   if key not in cache:
     cache[key] = backends.make_runtime(
-        backend, typed_program(entry, arg_types), entry.max_stack_depth)
+        backend, typed_program(entry, arg_types, backend),
+        entry.max_stack_depth)
   return cache[key]

@@ -1,4 +1,4 @@
-"""If-conversion: a small integer `if` becomes a select in one block.
+"""If-conversion: a small `if` becomes a select in one block.
 
 Every block a batched runtime runs is a step, and members on different arms
 of an `if` run them in different steps: in a loop whose body is an `if`
@@ -24,11 +24,18 @@ assign it, its value from before the `if`. If it may be unassigned there
 new assignment (definite assignment rejected any other read), so it simply
 takes the assigning arm's value.
 
-Floating-point arms are left as branches: the select's gradient is zero for
-the arm not taken, but a NaN or infinity that arm computed (`log` of a
-negative) would make it `0 * inf = NaN` for backends that differentiate.
-Nor is code with effects or ops that may raise (`tf.print`, a gather) run
-for members that did not take its arm.
+Floating-point arms are left as branches by default: the select's
+gradient is zero for the arm not taken, but a NaN or infinity that arm
+computed (`log` of a negative) would make it `0 * inf = NaN` for backends
+that differentiate. With `floats=True` (the pipeline asks so for the
+backends no gradient goes through, `backends.NEVER_DIFFERENTIATED`:
+`pc:xla`) they are converted too, under the same budget: the forward
+select discards that NaN. The pipeline runs the pass that way on the
+program already converted without it, so such a backend's program
+differs from the others' only in its floating-point `if`s. Code with
+effects or ops that may raise (`tf.print`, `tf.debugging.check_numerics`,
+a gather, a random op) is never run for members that did not take its
+arm.
 """
 import dataclasses
 
@@ -45,22 +52,27 @@ from tfp_autobatch.runtime import vectorize
 MAX_ARM_COMPUTATIONS = 12
 
 
-def if_to_select(program):
-  """Returns typed IR-1 `program` with small integer `if`s made selects."""
+def if_to_select(program, floats=False):
+  """Returns typed IR-1 `program` with small integer `if`s made selects,
+  and with `floats`, small floating-point ones too (see above). Returns
+  `program` itself where it converts nothing."""
   computations = {}   # (function, op) -> its ops if harmless, else None
-  return dataclasses.replace(program, functions=tuple(
-      _function(program, fn, computations) for fn in program.functions))
+  functions = tuple(_function(program, fn, computations, floats)
+                    for fn in program.functions)
+  if all(new is old for new, old in zip(functions, program.functions)):
+    return program
+  return dataclasses.replace(program, functions=functions)
 
 
-def _function(program, fn, computations):
+def _function(program, fn, computations, floats):
   while True:
-    merged = _convert_one(program, fn, computations)
+    merged = _convert_one(program, fn, computations, floats)
     if merged is None:
       return fn
     fn = merged
 
 
-def _convert_one(program, fn, computations):
+def _convert_one(program, fn, computations, floats):
   """`fn` with its first convertible `if` converted, or None."""
   blocks = {b.label: b for b in fn.blocks}
   predecessors = ir1.predecessor_counts(fn.blocks)
@@ -71,7 +83,7 @@ def _convert_one(program, fn, computations):
     if arms is None:
       continue
     then_ops, else_ops, join = arms
-    if not all(_selectable(program, fn, ops, computations)
+    if not all(_selectable(program, fn, ops, computations, floats)
                for ops in (then_ops, else_ops)):
       continue
     if assigned is None:
@@ -124,18 +136,18 @@ def _forwarded(label, blocks):
   return label
 
 
-def _selectable(program, fn, ops, computations):
-  """Whether `ops` may run for every member: primitives of integer code
-  that raises on no values, at most `MAX_ARM_COMPUTATIONS` ops in all
-  (memoised in `computations`, by function and op: a long `elif` chain
-  asks again at each conversion)."""
+def _selectable(program, fn, ops, computations, floats):
+  """Whether `ops` may run for every member: primitives of integer (with
+  `floats`, also floating-point) code that raises on no values, at most
+  `MAX_ARM_COMPUTATIONS` ops in all (memoised in `computations`, by
+  function and op: a long `elif` chain asks again at each conversion)."""
   def count(op):
     key = (fn.name, op)
     if key not in computations:
       types = program.types
       computations[key] = raise_free.computations_if_harmless(
           op, [types[(fn.name, v)] for v in op.ins],
-          [types[(fn.name, v)] for v in op.outs])
+          [types[(fn.name, v)] for v in op.outs], floats=floats)
     return computations[key]
 
   if not all(isinstance(op, ir1.Primitive) and not op.batched for op in ops):

@@ -14,6 +14,13 @@ with no zero) needs neither: junk rows compute junk, which the block
 discards. Floating-point code is never counted harmless: a junk row's NaN
 or infinity would turn the discarded branch's zero gradient into NaN
 (`0 * inf`) for `pc:graph`'s gradients.
+
+If-conversion for a backend no gradient goes through (`pc:xla`) asks
+with `floats=True`: there a floating-point op that computes NaN or an
+infinity on some values (a division, `log`, `sqrt`) is as harmless as a
+sum, since the select discards it and nothing differentiates the select.
+Ops that may raise, have effects or draw random numbers (`CheckNumerics`,
+`Assert`, `PrintV2`, a gather, a random op) are on neither list.
 """
 import tensorflow as tf
 
@@ -28,6 +35,17 @@ _TOTAL_OPS = frozenset({
     "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
     "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Invert", "Select",
     "SelectV2", "ZerosLike", "OnesLike", "Pack",
+})
+# Floating-point ops that raise on no values: each computes NaN or an
+# infinity where it has no finite answer (counted harmless only with
+# `floats=True`; on integers TensorFlow has no kernel for most of them).
+_FLOAT_TOTAL_OPS = frozenset({
+    "RealDiv", "DivNoNan", "Reciprocal", "Inv", "Exp", "Expm1", "Log",
+    "Log1p", "Sqrt", "Rsqrt", "Pow", "SquaredDifference", "Floor", "Ceil",
+    "Round", "Rint", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Atan2",
+    "Sinh", "Cosh", "Tanh", "Asinh", "Acosh", "Atanh", "Sigmoid",
+    "Softplus", "Softsign", "Relu", "Elu", "Erf", "Erfc", "Lgamma",
+    "Digamma", "Xlogy", "Xlog1py", "Xdivy", "IsNan", "IsInf", "IsFinite",
 })
 # Integer divisions: they raise on a zero divisor (their second input).
 _DIVISIONS = frozenset({"FloorDiv", "FloorMod", "TruncateDiv",
@@ -50,13 +68,20 @@ def _constant(tensor):
   return tf.get_static_value(tensor)
 
 
-def _op_cannot_raise(op):
-  if not all(_is_integer_or_bool(t.dtype)
-             for t in list(op.inputs) + list(op.outputs)):
+def _allowed_dtype(dtype, floats):
+  return _is_integer_or_bool(dtype) or (floats and dtype.is_floating)
+
+
+def _op_cannot_raise(op, floats):
+  tensors = list(op.inputs) + list(op.outputs)
+  if not all(_allowed_dtype(t.dtype, floats) for t in tensors):
     return False
-  if op.type in _TOTAL_OPS:
+  on_floats = any(t.dtype.is_floating for t in tensors)
+  if op.type in _TOTAL_OPS or (on_floats and op.type in _FLOAT_TOTAL_OPS):
     return True
   if op.type in _DIVISIONS:
+    if op.inputs[1].dtype.is_floating:   # x / 0 is an infinity or NaN
+      return True
     divisor = _constant(op.inputs[1])
     return divisor is not None and bool((divisor != 0).all())
   if op.type in _CONSTANT_OPERANDS:
@@ -78,10 +103,12 @@ _NOT_COMPUTING = frozenset({"Placeholder", "Const", "Identity", "IdentityN",
                             "NoOp"})
 
 
-def computations_if_harmless(op, in_types, out_types):
+def computations_if_harmless(op, in_types, out_types, floats=False):
   """The number of ops that compute in `op`'s code, traced for one example,
-  if it cannot raise (`cannot_raise`), else None."""
-  if not all(_is_integer_or_bool(t.dtype)
+  if it cannot raise (`cannot_raise`), else None. With `floats`, code on
+  floating-point values counts too, where it raises on no values though
+  it may compute NaN or infinities (see the module docstring)."""
+  if not all(_allowed_dtype(t.dtype, floats)
              for t in tf.nest.flatten([in_types, out_types])):
     return None
   try:
@@ -91,7 +118,7 @@ def computations_if_harmless(op, in_types, out_types):
   except Exception:  # pylint: disable=broad-except
     return None   # the runtime's own trace reports it
   ops = graph.get_operations()
-  if not all(_op_cannot_raise(o) for o in ops):
+  if not all(_op_cannot_raise(o, floats) for o in ops):
     return None
   return sum(o.type not in _NOT_COMPUTING for o in ops)
 
