@@ -29,11 +29,11 @@ import hashlib
 import threading
 
 import tensorflow as tf
-from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import
-from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import
 
 from tfp_autobatch import errors
+from tfp_autobatch.runtime._tf_private import ops
+from tfp_autobatch.runtime._tf_private import record
+from tfp_autobatch.runtime._tf_private import resource_variable_ops
 
 _registered = set()   # the gradient names registered (`_gradient_name`)
 _registering = threading.Lock()

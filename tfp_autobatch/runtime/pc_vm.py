@@ -55,15 +55,14 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import
 
 from tfp_autobatch import errors
 from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import block_runner
-from tfp_autobatch.runtime import concrete_calls
 from tfp_autobatch.runtime import dispatch as dispatch_lib
 from tfp_autobatch.runtime import no_gradient
 from tfp_autobatch.runtime import pfor_conditions
@@ -155,10 +154,10 @@ class PcVmRuntime:
         outs = self.compiled_for(args)(*args)
       # (Eagerly only while a tape records: the wrapper costs an eager
       # call about 0.15 ms.)
-      elif compiled_by_xla and (not eager or record.could_possibly_record()):
+      elif compiled_by_xla and (not eager or _tf_private.record.could_possibly_record()):
         outs = self._without_gradient(self._concrete_for(args), *args)
       else:
-        outs = concrete_calls.call(self._concrete_for(args), args)
+        outs = _tf_private.call_concrete(self._concrete_for(args), args)
       result, overflow, faults, counters = outs
     counters, overflowed, faulted = run_counters.split_ended(
         counters.numpy() if tf.executing_eagerly() else counters)
@@ -279,7 +278,7 @@ class PcVmRuntime:
     compiled = self.compiled_for(args)
     concrete = self._concrete.get(compiled)
     if concrete is None:
-      if record.could_possibly_record():
+      if _tf_private.record.could_possibly_record():
         concrete = _traced_without_tapes(compiled)
       else:
         concrete = compiled.get_concrete_function()

@@ -17,14 +17,11 @@ does where it is traced inside a user's `tf.function(jit_compile=True)`
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 
 from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.runtime._tf_private import control_flow_util
+from tfp_autobatch.runtime._tf_private import pfor as _pfor
 
-try:   # TF's private pfor module (tf.vectorized_map's machinery)
-  from tensorflow.python.ops.parallel_for import pfor as _pfor
-except ImportError:  # pragma: no cover (TF 2.21 has it)
-  _pfor = None
 
 
 def _selected(pfor_input, branch_names, index):

@@ -24,8 +24,8 @@ import tensorflow as tf
 
 from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
-from tfp_autobatch.runtime import concrete_calls
 from tfp_autobatch.runtime import vectorize
 
 
@@ -51,7 +51,8 @@ class _CalledConcrete:
   binds the arguments to its signature and looks up its trace each time:
   about 0.3 ms of each call's 0.6 ms on this project's CPU, and a
   segment call is most of what a local step costs at small batches. The
-  concrete function's own call binds them too (`concrete_calls`)."""
+  concrete function's own call binds them too
+  (`_tf_private.call_concrete`)."""
 
   def __init__(self, function):
     self._function = function
@@ -60,7 +61,7 @@ class _CalledConcrete:
   def __call__(self, *args):
     if self._concrete is None:
       self._concrete = self._function.get_concrete_function()
-    return concrete_calls.call(self._concrete, args)
+    return _tf_private.call_concrete(self._concrete, args)
 
 
 class Segment:

@@ -33,12 +33,8 @@ from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import pfor_conditions
+from tfp_autobatch.runtime._tf_private import pfor_impl as _pfor_impl
 
-try:   # TF's private pfor entry point; tf.vectorized_map without it
-  from tensorflow.python.ops.parallel_for.control_flow_ops import (
-      _pfor_impl)
-except ImportError:  # pragma: no cover (TF 2.21 has it)
-  _pfor_impl = None
 
 # Set while tracing single-example code, so batched primitives called from
 # inside it (hidden in a helper) can say they must be called directly.

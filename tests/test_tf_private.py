@@ -1,9 +1,9 @@
-"""`concrete_calls.call`: a traced function called at its flat inputs
+"""`_tf_private.call_concrete`: a traced function called at its flat inputs
 behaves as its own call does."""
 import numpy as np
 import tensorflow as tf
 
-from tfp_autobatch.runtime import concrete_calls
+from tfp_autobatch.runtime import _tf_private
 
 
 def _traced():
@@ -19,7 +19,7 @@ def test_a_flat_call_binds_nested_arguments_as_the_function_does():
   concrete = _traced()
   d = {"a": tf.constant([1.0, 2.0]), "b": tf.constant([10.0, 20.0])}
   pair = (tf.constant([3.0, 4.0]), tf.constant([5.0, 6.0]))
-  got = concrete_calls.call(concrete, [d, pair])
+  got = _tf_private.call_concrete(concrete, [d, pair])
   want = concrete(d, pair)
   for g, w in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
     np.testing.assert_array_equal(g, w)
@@ -32,6 +32,19 @@ def test_a_flat_call_is_recorded_by_a_tape():
   b = tf.constant([10.0, 20.0])
   with tf.GradientTape() as tape:
     tape.watch(b)
-    out, _ = concrete_calls.call(concrete, [{"a": a, "b": b}, (a, b)])
+    out, _ = _tf_private.call_concrete(concrete, [{"a": a, "b": b}, (a, b)])
     loss = tf.reduce_sum(out["sum"] + out["prod"])
   np.testing.assert_array_equal(tape.gradient(loss, b), [3.0, 4.0])
+
+
+def test_tensorflow_private_modules_are_imported_in_two_files_only():
+  # A TensorFlow upgrade then breaks `_tf_private` or `_xla`, nowhere else.
+  import pathlib   # pylint: disable=import-outside-toplevel
+  import tfp_autobatch   # pylint: disable=import-outside-toplevel
+  root = pathlib.Path(tfp_autobatch.__file__).parent
+  allowed = {root / "runtime" / "_tf_private.py", root / "runtime" / "_xla.py"}
+  found = [str(p.relative_to(root)) for p in root.rglob("*.py")
+           if p not in allowed and any(
+               name in p.read_text() for name in (
+                   "tensorflow.python", "tensorflow.compiler", "_call_flat"))]
+  assert not found

@@ -1,0 +1,46 @@
+"""TensorFlow's private modules and methods the runtime uses, imported in
+this one place (its XLA operations are in `_xla`), so that a TensorFlow
+upgrade breaks here; setup.py pins TensorFlow 2.21.
+
+- `record`: the eager tapes (`could_possibly_record`, `stop_recording`,
+  `record_operation`, `VariableWatcher`), for the VM that XLA compiles,
+  which no gradient goes through (`no_gradient`, `pc_vm`).
+- `ops`, `resource_variable_ops`: the gradient registry and variable
+  accesses reported to the tapes (`no_gradient`).
+- `control_flow_util`: whether a graph is compiled by XLA
+  (`pfor_conditions.in_xla_context`).
+- `pfor`, `pfor_impl`: pfor's converters and entry point (`vectorize`,
+  `pfor_conditions`); None where this TensorFlow lacks them.
+- `call_concrete`: a traced function called at its flat inputs.
+"""
+import tensorflow as tf
+from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import,unused-import
+from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,unused-import
+from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import,unused-import
+from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import,unused-import
+
+try:   # tf.vectorized_map's machinery
+  from tensorflow.python.ops.parallel_for import pfor  # pylint: disable=g-direct-tensorflow-import
+  from tensorflow.python.ops.parallel_for.control_flow_ops import (  # pylint: disable=g-direct-tensorflow-import
+      _pfor_impl as pfor_impl)
+except ImportError:  # pragma: no cover (TF 2.21 has them)
+  pfor = pfor_impl = None
+
+
+def call_concrete(concrete, args):
+  """`concrete(*args)` without the binding: `args` must be laid out as
+  the signature `concrete` was traced for (a list of nested structures
+  of tensors of its dtypes and shapes).
+
+  A concrete function's own call binds its arguments to its structured
+  signature (a Python `inspect`-style binding, then a flattening and a
+  check of every argument against its spec) before it runs the function:
+  for collatz on one member under pc:xla that was 35 us of a 76 us call
+  (scratch timing on this project's 2-core CPU). The runtimes call their
+  traces with arguments whose structure, dtypes and static shapes already
+  chose the trace, so this passes them flattened straight to the
+  function, through `ConcreteFunction._call_flat`, which still records
+  the call on a tape that watches its inputs and, in a graph, checks
+  their shapes."""
+  return concrete._call_flat(   # pylint: disable=protected-access
+      tf.nest.flatten(args), concrete.captured_inputs)
