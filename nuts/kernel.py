@@ -22,15 +22,16 @@ and the batched program checks every call's rows.
 """
 import collections
 import numbers
-import re
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
 import tfp_autobatch as tab
+from nuts import chain_states
 from nuts import programs
 from nuts import random as nuts_random
+from nuts import target_checks
 from nuts import tree
 from tfp_autobatch.ir import ir2
 
@@ -269,53 +270,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   def is_calibrated(self):
     return True
 
-  # -- state layout -----------------------------------------------------------
-
-  def _check_chains_alike(self, parts, is_list, chain_rank):
-    """Raises if the target, given one chain, does not return one value:
-    it has parameters per chain (ReplicaExchangeMC's per-replica
-    temperatures, a parameter with a chain dimension), which the batched
-    program, calling it on the chains still running, would hand to the
-    wrong chains. Eagerly or when the shapes say so a ValueError, else a
-    graph assertion (none under XLA; the batched primitive's row check
-    stops XLA from compiling it then)."""
-    if not chain_rank:
-      return
-    # With no chains (a batch of size 0, which sample_chain runs as
-    # tfp.mcmc.NoUTurnSampler does) there is no chain to call it on: given
-    # the empty batch, the target rightly returns no value.
-    num_chains = parts[0].shape[:chain_rank].num_elements()
-    if num_chains == 0:
-      return
-    one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
-           for p in parts]
-    try:
-      logp_one = programs.call_target(self.target_log_prob_fn, one,
-                                      is_list)
-    except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
-      # E.g. a tf.function whose input_signature fixes the chain count.
-      raise ValueError(
-          "target_log_prob_fn failed on one chain's state (shapes "
-          f"{[x.shape.as_list() for x in one]}): this kernel calls it on "
-          "the chains still running, any number of them, so it must take "
-          "any number of chains (a tf.function input_signature must leave "
-          f"the chain dimension None). It raised: {e}") from e
-    message = (
-        "target_log_prob_fn must treat the chains alike, each chain's log "
-        "density from its own state alone: this kernel calls it on the "
-        "chains still running, any number of them, and given one chain it "
-        "returned shape {} instead of [1]. A target with parameters per "
-        "chain (ReplicaExchangeMC's tempered targets, a parameter with a "
-        "chain dimension) needs tfp.mcmc.NoUTurnSampler")
-    if logp_one.shape == [1]:
-      return
-    if logp_one.shape.is_fully_defined() and (num_chains is not None
-                                              or logp_one.shape != [0]):
-      raise ValueError(message.format(logp_one.shape.as_list()))
-    tf.debugging.assert_equal(
-        tf.size(logp_one),
-        tf.minimum(tf.reduce_prod(tf.shape(parts[0])[:chain_rank]), 1),
-        message=message.format("other"))
+  # -- the program ------------------------------------------------------------
 
   def _program(self, layout):
     """The batched NUTS program for a state layout: the one every kernel
@@ -364,7 +319,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         size is not positive or does not broadcast, or the log density
         has the wrong shape or dtype.
     """
-    parts, is_list = _as_parts(init_state)
+    parts, is_list = chain_states.as_parts(init_state)
     # Fresh tensors: a distribution's `log_prob` of the very tensor its
     # `sample` returned reads its bijectors' cache instead of the tensor
     # (`init = dist.sample(n)`), and the gradient would be None. (The
@@ -373,11 +328,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     parts = [tf.identity(p) for p in parts]
     logp, grads = programs.value_and_grads(self.target_log_prob_fn,
                                            parts, is_list)
-    _check_log_density(logp, parts)
-    self._check_chains_alike(parts, is_list, logp.shape.rank)
-    _check_finite_start(logp)
+    chain_states.check_log_density(logp, parts)
+    target_checks.check_chains_alike(self.target_log_prob_fn, parts,
+                                     is_list, logp.shape.rank)
+    chain_states.check_finite_start(logp)
     step_size = self.step_size
-    _check_step_size(step_size, parts, logp.shape.rank)
+    chain_states.check_step_size(step_size, parts, logp.shape.rank)
     zeros = tf.zeros_like(logp)
     false = tf.zeros(tf.shape(logp), tf.bool)
     return NUTSKernelResults(
@@ -414,7 +370,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     """
     seed = tfp.random.sanitize_seed(seed)
     if self.backend == "pc:xla":
-      self._check_target_compiles(current_state, previous_kernel_results)
+      target_checks.check_target_compiles(
+          self.target_log_prob_fn, current_state, previous_kernel_results,
+          self._xla_checked)
     if self.backend == "pc:xla" and not tf.executing_eagerly():
       # Traced into a caller's graph, the whole step is one XLA computation:
       # otherwise the state's flattening, the chains' seeds and the results
@@ -429,69 +387,6 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                  seed)
     return self._one_step(current_state, previous_kernel_results, seed)
 
-  def _check_target_compiles(self, current_state, kernel_results):
-    """Raises a ValueError if XLA cannot compile the target's log density
-    and gradient as pc:xla runs them. pc:xla compiles every step, the
-    target with it, even in a plain tf.function or eagerly, where
-    tfp.mcmc.NoUTurnSampler compiles nothing. It traces the target for
-    each number of chains it calls it on (the gathered buckets, see
-    `tfp_autobatch.runtime.batched_primitive_calls`), and once for any
-    number when the chain count is unknown where the step is traced. Two
-    kinds of target fail there: one with operations XLA lacks
-    (tf.numpy_function, string ops), and, with the chain count unknown,
-    one whose gradient needs, as a constant, a shape that depends on the
-    number of chains (tfb.CorrelationCholesky's). Unchecked, the step
-    failed with XLA's error about the VM's blocks, thousands of lines
-    long. Checked once per state layout by lowering the target alone,
-    traced as the VM traces it, to HLO, which is quick; other failures (a
-    target that captures the caller's graph tensors cannot be lowered
-    alone) are left to the step itself."""
-    parts, is_list = _as_parts(current_state)
-    chain_ndims, layout = _layout(parts, is_list, kernel_results)
-    # One chain, or any number where the VM will not know how many.
-    chains_known = parts[0].shape[:chain_ndims].is_fully_defined()
-    key = (layout, parts[0].dtype, chains_known)
-    if key in self._xla_checked:
-      return
-    def specs(rows):
-      return [tf.TensorSpec([rows] + p.shape[chain_ndims:].as_list(),
-                            p.dtype) for p in parts]
-    as_traced = tf.function(
-        lambda *xs: programs.value_and_grads(self.target_log_prob_fn,
-                                             list(xs), is_list),
-        input_signature=specs(1 if chains_known else None), autograph=False)
-    target = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
-                         autograph=False)
-    try:
-      # Traced here (init_scope pauses gradient tapes), lowered outside the
-      # caller's graph: given specs, the lowering makes inputs with random
-      # ops, which would otherwise run at every step.
-      target.get_concrete_function(*specs(1))
-      with tf.init_scope():
-        target.experimental_get_compiler_ir(*specs(1))(stage="hlo")
-    except Exception as e:  # pylint: disable=broad-except
-      message = str(e)
-      if "Detected unsupported operations" in message:
-        ops = sorted(set(re.findall(r"(\w+) \(No registered '", message)))
-        what = ("uses operations that XLA cannot compile "
-                f"({', '.join(ops) or 'see the error below'})")
-      elif "Reading input as constant from a dynamic tensor" in message:
-        what = ("needs, for its log density or gradient, a shape that "
-                "depends on the number of chains as a constant, which XLA "
-                "cannot have where the number of chains is unknown when "
-                "the step is traced (give your tf.function's state a "
-                "static chain count)")
-      else:
-        self._xla_checked.add(key)
-        return
-      raise ValueError(
-          f"target_log_prob_fn {what}. backend='pc:xla', the default, "
-          "compiles every NUTS step with XLA, the target with it, even "
-          "where your tf.function does not ask for jit_compile "
-          "(tfp.mcmc.NoUTurnSampler does not): pass backend='pc:graph', "
-          "or write the target with operations XLA has") from e
-    self._xla_checked.add(key)
-
   def batched_program(self, current_state, kernel_results):
     """The `@tab.batch` function that `one_step` runs on states like
     `current_state`: after a step, `.ir(level=2)` prints the NUTS program
@@ -502,8 +397,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     copy of this kernel ran the step (as
     `tfp.mcmc.TransformedTransitionKernel` runs one), it is the copy's
     program."""
-    parts, is_list = _as_parts(current_state)
-    _, layout = _layout(parts, is_list, kernel_results)
+    parts, is_list = chain_states.as_parts(current_state)
+    _, layout = chain_states.layout(parts, is_list, kernel_results)
     ran = self._ran_programs.get(self._ran_key(layout))
     if ran is not None:
       return ran
@@ -522,9 +417,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     return (layout,) + self._tree_settings()
 
   def _one_step(self, current_state, previous_kernel_results, seed):
-    parts, is_list = _as_parts(current_state)
+    parts, is_list = chain_states.as_parts(current_state)
     results = previous_kernel_results
-    chain_ndims, layout = _layout(parts, is_list, results)
+    chain_ndims, layout = chain_states.layout(parts, is_list, results)
     event_shapes = layout[0]
     dtype = parts[0].dtype
     chain_shape = tf.shape(results.target_log_prob)
@@ -539,7 +434,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     grads = results.grads_target_log_prob
     grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
-    step = flat(_broadcast_step_size(results.step_size, parts, chain_ndims))
+    step = flat(chain_states.broadcast_step_size(results.step_size, parts, chain_ndims))
     # Each chain's seed words (step seed, chain index), hashed once here.
     chain_keys = nuts_random.chain_key(tf.stack([
         tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
@@ -627,141 +522,3 @@ def _raised_in(error, function):
       return True
     tb = tb.tb_next
   return False
-
-
-# -- input handling -------------------------------------------------------------
-
-def _as_parts(state):
-  is_list = isinstance(state, (list, tuple))
-  parts = [tf.convert_to_tensor(s) for s in (state if is_list else [state])]
-  for p in parts:
-    if not p.dtype.is_floating:
-      raise TypeError(f"NUTS states must be floating point, got {p.dtype.name}")
-  return parts, is_list
-
-
-def _layout(parts, is_list, kernel_results):
-  """`(chain_ndims, layout)`: the chain dimensions (the rank of the
-  results' `target_log_prob`) and the state layout the NUTS program is
-  built for (per-chain part shapes, list or single tensor)."""
-  chain_ndims = kernel_results.target_log_prob.shape.rank
-  if chain_ndims is None:
-    raise ValueError("the rank of target_log_prob must be known")
-  dtype = parts[0].dtype
-  for p in parts:
-    if p.dtype != dtype:
-      raise TypeError("all state parts must share one float dtype, got "
-                      f"{[q.dtype.name for q in parts]}")
-  for i, p in enumerate(parts):
-    if p.shape.rank is None or None in p.shape[chain_ndims:].as_list():
-      raise ValueError(
-          f"state part {i} has shape {p.shape}: its dimensions after the "
-          f"{chain_ndims} chain dimension(s) (the per-chain event shape) "
-          "must be known when the kernel is traced (the NUTS program is "
-          "built for one event shape); give your tf.function's "
-          "input_signature those dimensions, e.g. [None, 3]")
-  event_shapes = tuple(tuple(int(d) for d in p.shape[chain_ndims:])
-                       for p in parts)
-  return chain_ndims, (event_shapes, is_list)
-
-
-def _check_log_density(logp, parts):
-  """Raises a clear error for a log density NUTS cannot use: not one value
-  per chain (its shape not a prefix of every part's), or of another dtype
-  than the state (the energies are computed in the state's)."""
-  if logp.dtype != parts[0].dtype:
-    raise TypeError(
-        f"target_log_prob_fn returns {logp.dtype.name} for a "
-        f"{parts[0].dtype.name} state; NUTS computes its energies in the "
-        "state's dtype: cast the log density to it, or start from a "
-        f"{logp.dtype.name} state")
-  for i, p in enumerate(parts):
-    if (logp.shape.rank is not None and p.shape.rank is not None and
-        (p.shape.rank < logp.shape.rank or
-         not p.shape[:logp.shape.rank].is_compatible_with(logp.shape))):
-      raise ValueError(
-          f"target_log_prob_fn returns shape {logp.shape} for state part "
-          f"{i} of shape {p.shape}: it must return one value per chain, "
-          "the state's leading (chain) dimensions, summing over each "
-          "part's event dimensions (e.g. tf.reduce_sum(..., -1) without "
-          "keepdims)")
-
-
-def _check_finite_start(logp):
-  """Raises if the initial log-probability is NaN or -inf at any chain,
-  naming the chains: eagerly a ValueError; traced, a graph assertion
-  (InvalidArgumentError when it runs), which XLA drops under
-  `jit_compile=True`, where nothing can raise."""
-  if not tf.executing_eagerly():
-    if logp.shape.rank == 0:   # one chain, no chain dimension
-      logp = logp[tf.newaxis]
-    finite = tf.math.is_finite(logp)
-    tf.debugging.Assert(
-        tf.reduce_all(finite),
-        ["target_log_prob_fn is not finite at the initial state of the "
-         "chains with these indices; start them inside the support:",
-         tf.where(~finite), "values:", tf.boolean_mask(logp, ~finite)],
-        summarize=10, name="check_finite_start")
-    return
-  bad = ~np.isfinite(np.asarray(logp))
-  if bad.any():
-    chains = [tuple(int(i) for i in idx) if len(idx) != 1 else int(idx[0])
-              for idx in np.argwhere(bad)]
-    values = np.asarray(logp)[bad]
-    raise ValueError(
-        "target_log_prob_fn is not finite at the initial state of chain(s) "
-        f"{chains[:10]}{' ...' if len(chains) > 10 else ''} (values "
-        f"{values[:10].tolist()}); start those chains inside the support")
-
-
-def _step_parts(step_size, num_parts):
-  if isinstance(step_size, (list, tuple)):
-    if len(step_size) == 1:   # one for every part, as tfp.mcmc's kernels
-      return list(step_size) * num_parts
-    if len(step_size) != num_parts:
-      raise ValueError(f"got {len(step_size)} step sizes for a state of "
-                       f"{num_parts} parts")
-    return list(step_size)
-  return [step_size] * num_parts
-
-
-def _broadcast_step_size(step_size, parts, chain_ndims):
-  """Step size per state part, broadcast to the part's full shape."""
-  out = []
-  for i, (s, p) in enumerate(zip(_step_parts(step_size, len(parts)), parts)):
-    if isinstance(s, tf.Tensor) and s.dtype.is_floating and s.dtype != p.dtype:
-      raise TypeError(f"step size for state part {i} has dtype "
-                      f"{s.dtype.name}, the state {p.dtype.name}")
-    s = tf.convert_to_tensor(s, p.dtype)
-    if not _broadcastable(s.shape, p.shape):
-      per_chain = (["chains"] * chain_ndims
-                   + [1] * (p.shape.rank - chain_ndims))
-      raise ValueError(
-          f"step size of shape {s.shape} does not broadcast to state part "
-          f"{i} of shape {p.shape}; use a scalar, one per part, or a shape "
-          "that broadcasts to the part from the right, as tfp.mcmc's "
-          f"kernels take it (per chain: [{', '.join(map(str, per_chain))}])")
-    out.append(tf.broadcast_to(s, tf.shape(p)))
-  return out
-
-
-def _broadcastable(small, big):
-  if small.rank is None or big.rank is None:
-    return True
-  if small.rank > big.rank:
-    return False
-  for a, b in zip(reversed(small.as_list()), reversed(big.as_list())):
-    if a not in (1, None) and b is not None and a != b:
-      return False
-  return True
-
-
-def _check_step_size(step_size, parts, chain_ndims):
-  for s in tf.nest.flatten(step_size):
-    dtype = getattr(s, "dtype", None)
-    if dtype is not None and not tf.as_dtype(dtype).is_floating:
-      raise TypeError(f"step size must be floating point, got {dtype}")
-    value = tf.get_static_value(s)   # None when known only at run time
-    if value is not None and not np.all(np.asarray(value) > 0):
-      raise ValueError(f"step sizes must be positive, got {value!r}")
-  _broadcast_step_size(step_size, parts, chain_ndims)

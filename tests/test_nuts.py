@@ -742,10 +742,10 @@ def test_tuple_and_namedtuple_states_come_back_as_such():
 
 
 def test_step_size_forms_broadcast_to_the_state():
-  from nuts import kernel as kernel_lib  # pylint: disable=import-outside-toplevel
+  from nuts import chain_states  # pylint: disable=import-outside-toplevel
   parts = [tf.zeros([4, 3], tf.float64), tf.zeros([4], tf.float64)]
   bcast = lambda s: [x.numpy() for x in
-                     kernel_lib._broadcast_step_size(s, parts, 1)]  # pylint: disable=protected-access
+                     chain_states.broadcast_step_size(s, parts, 1)]
   scalar = bcast(0.1)
   assert scalar[0].shape == (4, 3) and np.all(scalar[1] == 0.1)
   per_part = bcast([0.1, 0.2])
@@ -765,7 +765,7 @@ def test_step_size_forms_broadcast_to_the_state():
   with pytest.raises(ValueError, match=r"per chain: \[chains, 1\]"):
     bcast([np.arange(4.), np.arange(4.)])
   square = [tf.zeros([2, 2], tf.float64)]
-  per_coord = kernel_lib._broadcast_step_size(np.array([1., 2.]), square, 1)  # pylint: disable=protected-access
+  per_coord = chain_states.broadcast_step_size(np.array([1., 2.]), square, 1)
   np.testing.assert_array_equal(per_coord[0], [[1., 2.], [1., 2.]])
 
 

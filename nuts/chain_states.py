@@ -1,0 +1,147 @@
+"""Chain states and step sizes as `NoUTurnSampler` takes them: their
+parts, the layout the NUTS program is built for, and the checks that
+turn a state, log density or step size NUTS cannot use into a clear
+error."""
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["as_parts", "layout", "check_log_density", "check_finite_start",
+           "broadcast_step_size", "check_step_size"]
+
+
+def as_parts(state):
+  """`(parts, is_list)`: the state's parts as tensors, and whether it was
+  a list, tuple or namedtuple of them (one tensor otherwise)."""
+  is_list = isinstance(state, (list, tuple))
+  parts = [tf.convert_to_tensor(s) for s in (state if is_list else [state])]
+  for p in parts:
+    if not p.dtype.is_floating:
+      raise TypeError(f"NUTS states must be floating point, got {p.dtype.name}")
+  return parts, is_list
+
+
+def layout(parts, is_list, kernel_results):
+  """`(chain_ndims, layout)`: the chain dimensions (the rank of the
+  results' `target_log_prob`) and the state layout the NUTS program is
+  built for (per-chain part shapes, list or single tensor)."""
+  chain_ndims = kernel_results.target_log_prob.shape.rank
+  if chain_ndims is None:
+    raise ValueError("the rank of target_log_prob must be known")
+  dtype = parts[0].dtype
+  for p in parts:
+    if p.dtype != dtype:
+      raise TypeError("all state parts must share one float dtype, got "
+                      f"{[q.dtype.name for q in parts]}")
+  for i, p in enumerate(parts):
+    if p.shape.rank is None or None in p.shape[chain_ndims:].as_list():
+      raise ValueError(
+          f"state part {i} has shape {p.shape}: its dimensions after the "
+          f"{chain_ndims} chain dimension(s) (the per-chain event shape) "
+          "must be known when the kernel is traced (the NUTS program is "
+          "built for one event shape); give your tf.function's "
+          "input_signature those dimensions, e.g. [None, 3]")
+  event_shapes = tuple(tuple(int(d) for d in p.shape[chain_ndims:])
+                       for p in parts)
+  return chain_ndims, (event_shapes, is_list)
+
+
+def check_log_density(logp, parts):
+  """Raises a clear error for a log density NUTS cannot use: not one value
+  per chain (its shape not a prefix of every part's), or of another dtype
+  than the state (the energies are computed in the state's)."""
+  if logp.dtype != parts[0].dtype:
+    raise TypeError(
+        f"target_log_prob_fn returns {logp.dtype.name} for a "
+        f"{parts[0].dtype.name} state; NUTS computes its energies in the "
+        "state's dtype: cast the log density to it, or start from a "
+        f"{logp.dtype.name} state")
+  for i, p in enumerate(parts):
+    if (logp.shape.rank is not None and p.shape.rank is not None and
+        (p.shape.rank < logp.shape.rank or
+         not p.shape[:logp.shape.rank].is_compatible_with(logp.shape))):
+      raise ValueError(
+          f"target_log_prob_fn returns shape {logp.shape} for state part "
+          f"{i} of shape {p.shape}: it must return one value per chain, "
+          "the state's leading (chain) dimensions, summing over each "
+          "part's event dimensions (e.g. tf.reduce_sum(..., -1) without "
+          "keepdims)")
+
+
+def check_finite_start(logp):
+  """Raises if the initial log-probability is NaN or -inf at any chain,
+  naming the chains: eagerly a ValueError; traced, a graph assertion
+  (InvalidArgumentError when it runs), which XLA drops under
+  `jit_compile=True`, where nothing can raise."""
+  if not tf.executing_eagerly():
+    if logp.shape.rank == 0:   # one chain, no chain dimension
+      logp = logp[tf.newaxis]
+    finite = tf.math.is_finite(logp)
+    tf.debugging.Assert(
+        tf.reduce_all(finite),
+        ["target_log_prob_fn is not finite at the initial state of the "
+         "chains with these indices; start them inside the support:",
+         tf.where(~finite), "values:", tf.boolean_mask(logp, ~finite)],
+        summarize=10, name="check_finite_start")
+    return
+  bad = ~np.isfinite(np.asarray(logp))
+  if bad.any():
+    chains = [tuple(int(i) for i in idx) if len(idx) != 1 else int(idx[0])
+              for idx in np.argwhere(bad)]
+    values = np.asarray(logp)[bad]
+    raise ValueError(
+        "target_log_prob_fn is not finite at the initial state of chain(s) "
+        f"{chains[:10]}{' ...' if len(chains) > 10 else ''} (values "
+        f"{values[:10].tolist()}); start those chains inside the support")
+
+
+def _step_parts(step_size, num_parts):
+  if isinstance(step_size, (list, tuple)):
+    if len(step_size) == 1:   # one for every part, as tfp.mcmc's kernels
+      return list(step_size) * num_parts
+    if len(step_size) != num_parts:
+      raise ValueError(f"got {len(step_size)} step sizes for a state of "
+                       f"{num_parts} parts")
+    return list(step_size)
+  return [step_size] * num_parts
+
+
+def broadcast_step_size(step_size, parts, chain_ndims):
+  """Step size per state part, broadcast to the part's full shape."""
+  out = []
+  for i, (s, p) in enumerate(zip(_step_parts(step_size, len(parts)), parts)):
+    if isinstance(s, tf.Tensor) and s.dtype.is_floating and s.dtype != p.dtype:
+      raise TypeError(f"step size for state part {i} has dtype "
+                      f"{s.dtype.name}, the state {p.dtype.name}")
+    s = tf.convert_to_tensor(s, p.dtype)
+    if not _broadcastable(s.shape, p.shape):
+      per_chain = (["chains"] * chain_ndims
+                   + [1] * (p.shape.rank - chain_ndims))
+      raise ValueError(
+          f"step size of shape {s.shape} does not broadcast to state part "
+          f"{i} of shape {p.shape}; use a scalar, one per part, or a shape "
+          "that broadcasts to the part from the right, as tfp.mcmc's "
+          f"kernels take it (per chain: [{', '.join(map(str, per_chain))}])")
+    out.append(tf.broadcast_to(s, tf.shape(p)))
+  return out
+
+
+def _broadcastable(small, big):
+  if small.rank is None or big.rank is None:
+    return True
+  if small.rank > big.rank:
+    return False
+  for a, b in zip(reversed(small.as_list()), reversed(big.as_list())):
+    if a not in (1, None) and b is not None and a != b:
+      return False
+  return True
+
+
+def check_step_size(step_size, parts, chain_ndims):
+  for s in tf.nest.flatten(step_size):
+    dtype = getattr(s, "dtype", None)
+    if dtype is not None and not tf.as_dtype(dtype).is_floating:
+      raise TypeError(f"step size must be floating point, got {dtype}")
+    value = tf.get_static_value(s)   # None when known only at run time
+    if value is not None and not np.all(np.asarray(value) > 0):
+      raise ValueError(f"step sizes must be positive, got {value!r}")
+  broadcast_step_size(step_size, parts, chain_ndims)

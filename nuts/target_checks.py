@@ -1,0 +1,124 @@
+"""Checks that the user's target runs as the batched NUTS program calls
+it: on any number of chains, each chain's log density from its own state
+(`check_chains_alike`), and, for `pc:xla`, compiled by XLA with the rest
+of the step (`check_target_compiles`). Each turns what would fail deep in
+the VM, or give wrong answers, into an error about the target."""
+import re
+
+import tensorflow as tf
+
+from nuts import chain_states
+from nuts import programs
+
+__all__ = ["check_chains_alike", "check_target_compiles"]
+
+
+def check_chains_alike(target, parts, is_list, chain_rank):
+  """Raises if the target, given one chain, does not return one value:
+  it has parameters per chain (ReplicaExchangeMC's per-replica
+  temperatures, a parameter with a chain dimension), which the batched
+  program, calling it on the chains still running, would hand to the
+  wrong chains. Eagerly or when the shapes say so a ValueError, else a
+  graph assertion (none under XLA; the batched primitive's row check
+  stops XLA from compiling it then)."""
+  if not chain_rank:
+    return
+  # With no chains (a batch of size 0, which sample_chain runs as
+  # tfp.mcmc.NoUTurnSampler does) there is no chain to call it on: given
+  # the empty batch, the target rightly returns no value.
+  num_chains = parts[0].shape[:chain_rank].num_elements()
+  if num_chains == 0:
+    return
+  one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
+         for p in parts]
+  try:
+    logp_one = programs.call_target(target, one, is_list)
+  except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
+    # E.g. a tf.function whose input_signature fixes the chain count.
+    raise ValueError(
+        "target_log_prob_fn failed on one chain's state (shapes "
+        f"{[x.shape.as_list() for x in one]}): this kernel calls it on "
+        "the chains still running, any number of them, so it must take "
+        "any number of chains (a tf.function input_signature must leave "
+        f"the chain dimension None). It raised: {e}") from e
+  message = (
+      "target_log_prob_fn must treat the chains alike, each chain's log "
+      "density from its own state alone: this kernel calls it on the "
+      "chains still running, any number of them, and given one chain it "
+      "returned shape {} instead of [1]. A target with parameters per "
+      "chain (ReplicaExchangeMC's tempered targets, a parameter with a "
+      "chain dimension) needs tfp.mcmc.NoUTurnSampler")
+  if logp_one.shape == [1]:
+    return
+  if logp_one.shape.is_fully_defined() and (num_chains is not None
+                                            or logp_one.shape != [0]):
+    raise ValueError(message.format(logp_one.shape.as_list()))
+  tf.debugging.assert_equal(
+      tf.size(logp_one),
+      tf.minimum(tf.reduce_prod(tf.shape(parts[0])[:chain_rank]), 1),
+      message=message.format("other"))
+
+
+def check_target_compiles(target, current_state, kernel_results, checked):
+  """Raises a ValueError if XLA cannot compile the target's log density
+  and gradient as pc:xla runs them. pc:xla compiles every step, the
+  target with it, even in a plain tf.function or eagerly, where
+  tfp.mcmc.NoUTurnSampler compiles nothing. It traces the target for
+  each number of chains it calls it on (the gathered buckets, see
+  `tfp_autobatch.runtime.batched_primitive_calls`), and once for any
+  number when the chain count is unknown where the step is traced. Two
+  kinds of target fail there: one with operations XLA lacks
+  (tf.numpy_function, string ops), and, with the chain count unknown,
+  one whose gradient needs, as a constant, a shape that depends on the
+  number of chains (tfb.CorrelationCholesky's). Unchecked, the step
+  failed with XLA's error about the VM's blocks, thousands of lines
+  long. Checked once per state layout by lowering the target alone,
+  traced as the VM traces it, to HLO, which is quick; other failures (a
+  target that captures the caller's graph tensors cannot be lowered
+  alone) are left to the step itself. `checked`: what was checked
+  (state layouts, dtypes, whether the chain count is known), to which
+  this adds."""
+  parts, is_list = chain_states.as_parts(current_state)
+  chain_ndims, layout = chain_states.layout(parts, is_list, kernel_results)
+  # One chain, or any number where the VM will not know how many.
+  chains_known = parts[0].shape[:chain_ndims].is_fully_defined()
+  key = (layout, parts[0].dtype, chains_known)
+  if key in checked:
+    return
+  def specs(rows):
+    return [tf.TensorSpec([rows] + p.shape[chain_ndims:].as_list(),
+                          p.dtype) for p in parts]
+  as_traced = tf.function(
+      lambda *xs: programs.value_and_grads(target, list(xs), is_list),
+      input_signature=specs(1 if chains_known else None), autograph=False)
+  compiled = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
+                         autograph=False)
+  try:
+    # Traced here (init_scope pauses gradient tapes), lowered outside the
+    # caller's graph: given specs, the lowering makes inputs with random
+    # ops, which would otherwise run at every step.
+    compiled.get_concrete_function(*specs(1))
+    with tf.init_scope():
+      compiled.experimental_get_compiler_ir(*specs(1))(stage="hlo")
+  except Exception as e:  # pylint: disable=broad-except
+    message = str(e)
+    if "Detected unsupported operations" in message:
+      ops = sorted(set(re.findall(r"(\w+) \(No registered '", message)))
+      what = ("uses operations that XLA cannot compile "
+              f"({', '.join(ops) or 'see the error below'})")
+    elif "Reading input as constant from a dynamic tensor" in message:
+      what = ("needs, for its log density or gradient, a shape that "
+              "depends on the number of chains as a constant, which XLA "
+              "cannot have where the number of chains is unknown when "
+              "the step is traced (give your tf.function's state a "
+              "static chain count)")
+    else:
+      checked.add(key)
+      return
+    raise ValueError(
+        f"target_log_prob_fn {what}. backend='pc:xla', the default, "
+        "compiles every NUTS step with XLA, the target with it, even "
+        "where your tf.function does not ask for jit_compile "
+        "(tfp.mcmc.NoUTurnSampler does not): pass backend='pc:graph', "
+        "or write the target with operations XLA has") from e
+  checked.add(key)
