@@ -21,6 +21,8 @@ replica): `bootstrap_results` calls the target on one chain and says so,
 and the batched program checks every call's rows.
 """
 import collections
+import contextvars
+import functools
 import numbers
 
 import numpy as np
@@ -129,8 +131,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   batched program (`nuts/programs.py`): the first step of the first of them
   converts, traces and compiles it, and a kernel built again with the same
   target (a notebook cell run again, a kernel per stage) reuses that. The
-  step size, backend, name and `parallel_iterations` may differ. Run
-  statistics (`last_run_stats`) and the target's XLA check stay per kernel.
+  step size, backend, name and `parallel_iterations` may differ. On
+  `pc:xla` they also share the step compiled with XLA for a caller's
+  graph, so a caller's `tf.function` that builds its kernel at each trace
+  compiles it once. Run statistics (`last_run_stats`) stay per kernel.
   The program is freed when the kernels and the target are: the cache holds
   the target weakly. A target that cannot be weakly referenced is not
   shared, and neither is a new function object of the same code (a lambda
@@ -186,6 +190,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # so that the program lives as long as this kernel.
     self._programs = {}
     self._gradient_labels = {}
+    # The step compiled with XLA for a caller's graph, and what
+    # `target_checks.check_target_compiles` checked: both shared by the
+    # kernels of this target (`_shared_step`).
     self._compiled_step = None
     # Shared with this kernel's copies (see `copy`).
     self._last_run_stats = [None]
@@ -194,7 +201,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # (a wrapper's copy with another target; shared, as the stats are).
     self._ran_programs = {}
     # State layouts whose target was checked to compile with XLA (pc:xla).
-    self._xla_checked = set()
+    self._xla_checked = None
 
   # -- properties -------------------------------------------------------------
 
@@ -370,22 +377,47 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     """
     seed = tfp.random.sanitize_seed(seed)
     if self.backend == "pc:xla":
+      if self._xla_checked is None:
+        self._xla_checked = programs.shared_value(
+            self.target_log_prob_fn, ("xla checked",), lambda call: set())
       target_checks.check_target_compiles(
           self.target_log_prob_fn, current_state, previous_kernel_results,
           self._xla_checked)
     if self.backend == "pc:xla" and not tf.executing_eagerly():
-      # Traced into a caller's graph, the whole step is one XLA computation:
-      # otherwise the state's flattening, the chains' seeds and the results
-      # around the batched program are a few dozen small ops for the
-      # caller's executor, 0.3 ms a step (NUTS on the 100-d Gaussian, 1 and
-      # 16 chains, 3.84 -> 3.56 and 5.62 -> 5.33 ms; 2 CPU cores, A/B in
-      # one process, 8 alternating rounds).
-      if self._compiled_step is None:
-        self._compiled_step = tf.function(self._one_step, jit_compile=True,
-                                          autograph=False)
-      return self._compiled_step(current_state, previous_kernel_results,
-                                 seed)
+      return self._shared_step(current_state, previous_kernel_results, seed)
     return self._one_step(current_state, previous_kernel_results, seed)
+
+  def _shared_step(self, current_state, previous_kernel_results, seed):
+    """`_one_step` traced into a caller's graph as one XLA computation.
+
+    Otherwise the state's flattening, the chains' seeds and the results
+    around the batched program are a few dozen small ops for the caller's
+    executor, 0.3 ms a step (NUTS on the 100-d Gaussian, 1 and 16 chains,
+    3.84 -> 3.56 and 5.62 -> 5.33 ms; 2 CPU cores, A/B in one process, 8
+    alternating rounds). The `tf.function` is one for all the kernels of
+    this target and tree settings (`programs.shared_value`), as their
+    program is: a kernel built again, at each trace of the caller's
+    function, reuses its traces and XLA's compilations. It traces the step
+    of the kernel that calls it (`_STEPPING`), which builds what any of
+    them would."""
+    if self._compiled_step is None:
+      self._compiled_step = programs.shared_value(
+          self.target_log_prob_fn, ("compiled step",) + self._tree_settings(),
+          lambda call: tf.function(functools.partial(_step_of_caller),
+                                   jit_compile=True, autograph=False))
+    token = _STEPPING.set(self)
+    try:
+      new_state, new_results = self._compiled_step(
+          current_state, previous_kernel_results, seed)
+    finally:
+      _STEPPING.reset(token)
+    # What `_one_step` records, also where another kernel's call traced it.
+    self._last_run_stats[0] = None
+    parts, is_list = chain_states.as_parts(current_state)
+    _, layout = chain_states.layout(parts, is_list, previous_kernel_results)
+    (nuts_steps, _, _, _), _ = self._program(layout)
+    self._ran_programs[self._ran_key(layout)] = nuts_steps
+    return new_state, new_results
 
   def batched_program(self, current_state, kernel_results):
     """The `@tab.batch` function that `one_step` runs on states like
@@ -511,6 +543,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     new_state = (tf.nest.pack_sequence_as(current_state, new_parts)
                  if is_list else new_parts[0])
     return new_state, new_results
+
+
+# The kernel whose `_shared_step` runs now: its compiled step, shared by
+# kernels, traces that kernel's `_one_step`.
+_STEPPING = contextvars.ContextVar("nuts_stepping_kernel")
+
+
+def _step_of_caller(current_state, previous_kernel_results, seed):
+  return _STEPPING.get()._one_step(   # pylint: disable=protected-access
+      current_state, previous_kernel_results, seed)
 
 
 def _raised_in(error, function):

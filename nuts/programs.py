@@ -38,11 +38,13 @@ import tensorflow as tf
 import tfp_autobatch as tab
 from nuts import tree
 
-__all__ = ["nuts_program", "call_target", "value_and_grads"]
+__all__ = ["nuts_program", "shared_value", "call_target", "value_and_grads"]
 
 _Shared = collections.namedtuple("_Shared", [
     "target_ref",   # weakref.ref to the target (a method's: its object)
-    "programs",     # (layout, settings) -> (nuts_steps, logp_and_grad)
+    "values",       # key -> what `shared_value` made: ("program", layout,
+                    # settings) -> (nuts_steps, logp_and_grad), and the
+                    # kernel's shared compiled step and XLA checks
 ])
 
 # (id(target), None) or, for a bound method, (id(its object), its function)
@@ -78,19 +80,29 @@ def nuts_program(target, layout, settings):
   with the tree settings `settings` (`tree.make_program`'s arguments after
   the gradient): the one built before for this very target, layout and
   settings, if any."""
+  return shared_value(
+      target, ("program", layout, tuple(settings)),
+      lambda call: _build(call, layout, settings))
+
+
+def shared_value(target, key, make):
+  """What `make(call)` returned for `target` under `key` the first time
+  it was asked for, made then. `call()` returns the target, or None once
+  it is freed: the value must reach the target through `call` alone, or
+  hold it. A target that cannot be weakly referenced shares nothing: its
+  value is made anew, with a `call` that holds it."""
   owner, function = _owner_and_method(target)
   try:
     shared = _shared(owner, function)
   except TypeError:   # cannot be weakly referenced: not shared
-    return _build(lambda: target, layout, settings)
-  key = (layout, tuple(settings))
-  if key not in shared.programs:
+    return make(lambda: target)
+  if key not in shared.values:
     if function is None:
       call = shared.target_ref
     else:   # the method bound afresh to its object, which is held weakly
       call = functools.partial(_bound, shared.target_ref, function)
-    shared.programs[key] = _build(call, layout, settings)
-  return shared.programs[key]
+    shared.values[key] = make(call)
+  return shared.values[key]
 
 
 def _owner_and_method(target):

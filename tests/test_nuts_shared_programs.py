@@ -176,3 +176,36 @@ def test_a_method_looked_up_again_on_its_object_shares_the_program():
   gc.collect()
   assert model_ref() is None and data_ref() is None
   assert program_ref() is None
+
+
+def test_kernels_built_at_each_trace_share_the_compiled_step():
+  # A caller's tf.function that builds its kernel when traced builds a new
+  # one at each trace; on pc:xla their steps, compiled by XLA, are one
+  # tf.function, traced and compiled once for both.
+  target, data = make_target()
+  init = tf.constant(INIT)
+  kernels = []
+
+  def run(state, seed):
+    kernel = nuts.NoUTurnSampler(target, 0.5, max_tree_depth=2)
+    kernels.append(kernel)
+    return kernel.one_step(state, kernel.bootstrap_results(state),
+                           seed=seed)[0]
+
+  first = tf.function(run)(init, tf.constant([1, 2]))
+  again = tf.function(run)(init, tf.constant([1, 2]))
+  np.testing.assert_array_equal(again, first)
+  a, b = kernels
+  assert a._compiled_step is b._compiled_step   # pylint: disable=protected-access
+  assert a._compiled_step.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+  # Each kernel still knows the program it ran, and has no eager stats.
+  assert a.batched_program(init, a.bootstrap_results(init)) is (
+      b.batched_program(init, b.bootstrap_results(init)))
+  assert b.last_run_stats is None
+  # Freed with the kernels and the target, as the program is.
+  step_ref = weakref.ref(a._compiled_step)   # pylint: disable=protected-access
+  target_ref, data_ref = weakref.ref(target), weakref.ref(data)
+  del kernels[:], a, b, target, data
+  gc.collect()
+  assert target_ref() is None and data_ref() is None
+  assert step_ref() is None
