@@ -204,8 +204,19 @@ def format_targets(records, targets=TARGETS, base=BASELINE,
         met = all(ratio >= least for _, ratio in pairs)
         lines.append("  {} >= {:g}x {} from {} chains: {} ({})".format(
             name, least, system, from_chains, "met" if met else "NOT met",
-            ", ".join(f"{b} chains {ratio:.2f}x" for b, ratio in pairs)))
+            ", ".join(f"{b} chains {_ratio_text(ratio, least)}x"
+                      for b, ratio in pairs)))
   return lines
+
+
+def _ratio_text(ratio, least):
+  """`ratio` to two decimals, or to three where two would round it onto
+  the other side of the target `least` (0.5987 of 0.6 printed 0.60, next
+  to "NOT met")."""
+  text = f"{ratio:.2f}"
+  if (float(text) >= least) != (ratio >= least):
+    text = f"{ratio:.3f}"
+  return text
 
 
 def report(records, skipped, machine=None):

@@ -426,6 +426,11 @@ def test_reporting(tmp_path):
           "NOT met (4 chains 1.20x)")
   assert "NOT met (4 chains 0.50x)" in nuts_report.format_targets(
       records, targets=(("limit", 0.6, 4),))[0]
+  # A ratio that two decimals would round onto the target gets three.
+  close = [dict(r, grads_per_sec=3000.0 / 0.5987) if r["system"] == "limit"
+           else r for r in records]
+  assert "NOT met (4 chains 0.599x)" in nuts_report.format_targets(
+      close, targets=(("limit", 0.6, 4),))[0]
   path = str(tmp_path / "plot.png")
   nuts_report.plot(records, path)
   assert os.path.getsize(path) > 0
