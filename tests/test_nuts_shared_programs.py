@@ -209,3 +209,29 @@ def test_kernels_built_at_each_trace_share_the_compiled_step():
   gc.collect()
   assert target_ref() is None and data_ref() is None
   assert step_ref() is None
+
+
+def test_an_eager_pc_xla_step_runs_the_compiled_step_with_its_statistics():
+  # Eagerly, pc:xla steps through the step compiled with XLA (one call,
+  # not dozens of eager ops around the batched program) and reads its run
+  # statistics from the step's counts; under a tape it steps op by op
+  # (a recorded call of the compiled step would fail). Both give the same
+  # samples and statistics.
+  target, _ = make_target()
+  init = tf.constant(INIT)
+  kernel = nuts.NoUTurnSampler(target, 0.5, max_tree_depth=3)
+  start = kernel.bootstrap_results(init)
+  state, results = kernel.one_step(init, start, seed=[1, 2])
+  kernel.one_step(init, start, seed=[3, 4])
+  assert kernel._compiled_step.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+  state, results = kernel.one_step(init, start, seed=[1, 2])
+  compiled_stats = kernel.last_run_stats
+  assert kernel.batched_program(init, start).last_stats is compiled_stats
+  with tf.GradientTape():
+    taped_state, taped_results = kernel.one_step(init, start, seed=[1, 2])
+  assert kernel._compiled_step.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+  np.testing.assert_allclose(taped_state, state, rtol=1e-12)
+  np.testing.assert_array_equal(taped_results.num_grads_computed,
+                                results.num_grads_computed)
+  assert kernel.last_run_stats == compiled_stats
+  assert compiled_stats.steps > 0 and compiled_stats.batch_size == len(INIT)

@@ -76,3 +76,12 @@ def test_ended_counters_carry_the_halted_members_and_split_back():
   _, overflowed, faulted = run_counters.split_ended(run_counters.ended(
       counters, tf.zeros([4], tf.bool), tf.zeros([0], tf.bool)))
   assert int(overflowed) == 0 and int(faulted) == 0
+
+
+def test_traced_counts_become_the_same_run_statistics():
+  # RunStats.of_tensors reads what a traced call returned as tensors.
+  from tfp_autobatch.runtime import stats as stats_lib   # pylint: disable=import-outside-toplevel
+  labels = ["a", "b", "c"]
+  tensors = run_counters.to_tensors(_two_steps(), labels)
+  assert stats_lib.RunStats.of_tensors(tensors, 4) == run_counters.to_stats(
+      _two_steps(), 4, labels)

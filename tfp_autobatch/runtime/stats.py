@@ -109,6 +109,25 @@ class RunStats:
     self.active_members += members
     self.block_executions[label] = self.block_executions.get(label, 0) + 1
 
+  @classmethod
+  def of_tensors(cls, tensors, batch_size):
+    """The `RunStats` of a call's `last_stats_tensors` (a traced call's
+    counts, as tensors: see `tab.batch`), evaluated eagerly: a
+    `tf.function` that returns them gives its caller the statistics of
+    the call inside it."""
+    def count(x):
+      return int(tf.get_static_value(x) if tf.is_tensor(x) else x)
+    members = tf.get_static_value(tensors["batched_primitive_members"])
+    return cls(
+        batch_size=int(batch_size), steps=count(tensors["steps"]),
+        block_executions={label: count(n) for label, n in
+                          tensors["block_executions"].items() if count(n)},
+        active_members=count(tensors["active_members"]),
+        max_stack_depth=count(tensors["max_stack_depth"]),
+        batched_primitive_rows=count(tensors["batched_primitive_rows"]),
+        batched_primitive_members={k: int(n) for k, n in enumerate(members)
+                                   if n})
+
   @property
   def mean_active(self):
     return self.active_members / self.steps if self.steps else 0.0
