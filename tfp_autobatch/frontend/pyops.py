@@ -186,12 +186,12 @@ def getitem(value, index, site=None):
              for i, d in zip(indices, sizes)]
   if site is not None:
     wrapped = subscripts.checked_indices(site, indices, wrapped, sizes)
-    if any(isinstance(d, int) and d == 0 for d in sizes):
+    empty = [isinstance(d, int) and d == 0 for d in sizes]
+    if any(empty):
       # No index is in range, as the fault record says (the call raises):
       # read a row of zeros instead, which keeps the result's shape, where
       # TensorFlow's gather from nothing raises its own error and XLA's
       # fails to compile.
-      empty = [isinstance(d, int) and d == 0 for d in sizes]
       value = tf.pad(value, [[0, int(e)] for e in empty]
                      + [[0, 0]] * (value.shape.rank - len(sizes)))
       sizes = [1 if e else d for e, d in zip(empty, sizes)]

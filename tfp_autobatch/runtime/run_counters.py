@@ -88,45 +88,38 @@ def split_ended(ended_counters):
   return ended_counters[:-2], ended_counters[-2], ended_counters[-1]
 
 
-def _fields(counters, num_blocks):
-  """The counters' fields (NumPy values or tensors) by name."""
+def _named(counters, labels):
+  """The counters (NumPy values or tensors) under `RunStats`' field names:
+  `block_executions` by block label, `batched_primitive_members` the
+  histogram vector."""
+  executions = counters[EXECUTIONS:EXECUTIONS + len(labels)]
   return {
       "steps": counters[STEPS],
-      "active": counters[ACTIVE],
-      "rows": counters[ROWS],
-      "high": counters[HIGH],
-      "executions": counters[EXECUTIONS:EXECUTIONS + num_blocks],
-      "members": counters[EXECUTIONS + num_blocks:],
+      "active_members": counters[ACTIVE],
+      "max_stack_depth": counters[HIGH],
+      "batched_primitive_rows": counters[ROWS],
+      "batched_primitive_members": counters[EXECUTIONS + len(labels):],
+      "block_executions": {label: executions[i]
+                           for i, label in enumerate(labels)},
   }
 
 
 def to_stats(counters, batch_size, labels):
   """The `RunStats` of final counters (an eager tensor or array); `labels`
   are the program's block labels, in block order."""
-  c = _fields(np.asarray(counters), len(labels))
-  return stats_lib.RunStats(
-      batch_size=int(batch_size), steps=int(c["steps"]),
-      active_members=int(c["active"]), max_stack_depth=int(c["high"]),
-      batched_primitive_rows=int(c["rows"]),
-      batched_primitive_members={k: int(n) for k, n in
-                                 enumerate(c["members"]) if n},
-      block_executions={label: int(n) for label, n in
-                        zip(labels, c["executions"]) if n})
+  return stats_lib.RunStats.of_tensors(_named(np.asarray(counters), labels),
+                                       batch_size)
 
 
 def to_tensors(counters, labels):
   """Final counters traced in a graph, under `RunStats`' field names
-  (`block_executions` by block label, `batched_primitive_members` the
-  histogram vector). The sums over steps are int64, the rest int32."""
-  c = _fields(counters, len(labels))
+  (`_named`). The sums over steps are int64, the rest int32."""
+  named = _named(counters, labels)
   def small(x):
     return tf.cast(x, tf.int32)
-  return {
-      "steps": small(c["steps"]),
-      "active_members": c["active"],
-      "max_stack_depth": small(c["high"]),
-      "batched_primitive_rows": c["rows"],
-      "batched_primitive_members": small(c["members"]),
-      "block_executions": {label: small(c["executions"][i])
-                           for i, label in enumerate(labels)},
-  }
+  return dict(
+      named, steps=small(named["steps"]),
+      max_stack_depth=small(named["max_stack_depth"]),
+      batched_primitive_members=small(named["batched_primitive_members"]),
+      block_executions={label: small(n) for label, n in
+                        named["block_executions"].items()})

@@ -110,21 +110,22 @@ class RunStats:
     self.block_executions[label] = self.block_executions.get(label, 0) + 1
 
   @classmethod
-  def of_tensors(cls, tensors, batch_size):
-    """The `RunStats` of a call's `last_stats_tensors` (a traced call's
-    counts, as tensors: see `tab.batch`), evaluated eagerly: a
-    `tf.function` that returns them gives its caller the statistics of
-    the call inside it."""
-    def count(x):
-      return int(tf.get_static_value(x) if tf.is_tensor(x) else x)
-    members = tf.get_static_value(tensors["batched_primitive_members"])
+  def of_tensors(cls, counts, batch_size):
+    """The `RunStats` of a call's counts by field name: its
+    `last_stats_tensors` (a traced call's counts, as tensors: see
+    `tab.batch`) evaluated eagerly, so that a `tf.function` that returns
+    them gives its caller the statistics of the call inside it, or the
+    same counts as NumPy values."""
+    def value(x):   # (not tf.is_tensor: 10 us a NumPy value, every call)
+      return x.numpy() if hasattr(x, "numpy") else x
+    members = value(counts["batched_primitive_members"])
     return cls(
-        batch_size=int(batch_size), steps=count(tensors["steps"]),
-        block_executions={label: count(n) for label, n in
-                          tensors["block_executions"].items() if count(n)},
-        active_members=count(tensors["active_members"]),
-        max_stack_depth=count(tensors["max_stack_depth"]),
-        batched_primitive_rows=count(tensors["batched_primitive_rows"]),
+        batch_size=int(batch_size), steps=int(value(counts["steps"])),
+        block_executions={label: int(value(n)) for label, n in
+                          counts["block_executions"].items() if value(n)},
+        active_members=int(value(counts["active_members"])),
+        max_stack_depth=int(value(counts["max_stack_depth"])),
+        batched_primitive_rows=int(value(counts["batched_primitive_rows"])),
         batched_primitive_members={k: int(n) for k, n in enumerate(members)
                                    if n})
 
