@@ -12,11 +12,12 @@ from tfp_autobatch import backends
 from tfp_autobatch import config
 from tfp_autobatch import errors
 from tfp_autobatch import pipeline
+from tfp_autobatch.frontend import batched_callees
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import reference
 from tfp_autobatch.runtime import stats as stats_lib
-from tfp_autobatch.runtime import vectorize
+from tfp_autobatch.operators import single_example
 
 DEFAULT_MAX_STACK_DEPTH = 64
 
@@ -25,7 +26,7 @@ DEFAULT_MAX_STACK_DEPTH = 64
 _UNBATCHED = contextvars.ContextVar("tfp_autobatch_unbatched", default=False)
 
 
-class BatchedFunction:
+class BatchedFunction(batched_callees.BatchedFunctionBase):
   """A function written for one example, callable on a batch.
 
   Call it with batches (tensors, arrays, or tuples, namedtuples or dicts of
@@ -133,7 +134,7 @@ class BatchedFunction:
       args = self._in_parameter_order(args, batches)
     if _UNBATCHED.get():
       return self.python_function(*args)
-    if vectorize.inside_vectorized_code.get():
+    if single_example.inside_vectorized_code.get():
       raise errors.ConversionError(
           f"batched function {self.python_function.__name__} was called "
           "from single-example code (a plain helper function or lambda "
@@ -342,7 +343,7 @@ def _same_batch_size(fn, args):
   return batch_state.with_rows(args, tf.shape(leaves[0])[0], message), None
 
 
-class BatchedPrimitive:
+class BatchedPrimitive(batched_callees.BatchedPrimitiveBase):
   """A function that already maps over the leading (batch) dimension.
 
   Called from a batched function, it runs once on the batch of active
@@ -359,16 +360,13 @@ class BatchedPrimitive:
       batched = [tf.nest.map_structure(lambda x: tf.expand_dims(x, 0), a)
                  for a in args]
       return tf.nest.map_structure(lambda x: x[0], self.fn(*batched))
-    if vectorize.inside_vectorized_code.get():
+    if single_example.inside_vectorized_code.get():
       raise errors.ConversionError(
           f"batched primitive {self.fn.__name__} was called from single-"
           "example code (a helper function or lambda); call it directly in "
           "the body of the @tab.batch function, as `y = "
           f"{self.fn.__name__}(x)`.")
     return self.fn(*args)
-
-  def as_primitive_fn(self):
-    return lambda *args: (self.fn(*args),)
 
 
 def batch(fn=None, *, max_stack_depth=DEFAULT_MAX_STACK_DEPTH, backend=None):

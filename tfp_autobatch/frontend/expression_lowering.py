@@ -10,7 +10,7 @@ ops and blocks through the converter that owns the function being built.
 import ast
 import copy
 
-from tfp_autobatch.frontend import pyops
+from tfp_autobatch.operators import pyops
 from tfp_autobatch.ir import ir1
 
 

@@ -22,7 +22,7 @@ every variable of the caller, the naive discipline it improves on.
 from tfp_autobatch import errors
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import ir2
-from tfp_autobatch.passes import liveness
+from tfp_autobatch.analysis import liveness
 
 
 def qualify(function, var):

@@ -25,7 +25,7 @@ A non-recursive program ends with no variable stacks at all: only the
 program counter has one.
 """
 from tfp_autobatch.ir import ir2
-from tfp_autobatch.passes import liveness
+from tfp_autobatch.analysis import liveness
 
 
 function_of = ir2.function_of

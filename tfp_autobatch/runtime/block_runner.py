@@ -24,13 +24,13 @@ import functools
 import tensorflow as tf
 
 from tfp_autobatch import errors
-from tfp_autobatch.frontend import subscripts
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
-from tfp_autobatch.passes import liveness
+from tfp_autobatch.analysis import liveness
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import batched_primitive_calls
-from tfp_autobatch.runtime import raise_free
+from tfp_autobatch.analysis import raise_free
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
 

@@ -22,10 +22,11 @@ import functools
 
 import tensorflow as tf
 
-from tfp_autobatch.frontend import subscripts
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.operators import single_example
 from tfp_autobatch.runtime import vectorize
 
 
@@ -103,11 +104,11 @@ class Segment:
     env = dict(zip(self.reads, values))
     faults = []
     for op in self.ops:
-      outs, fault = vectorize.call_checking_subscripts(
+      outs, fault = single_example.call_checking_subscripts(
           op, *[env[v] for v in op.ins],
           out_types=[self.var_type(v) for v in op.outs])
       for var, value in zip(op.outs, outs):
-        env[var] = vectorize.conform(value, self.var_type(var))
+        env[var] = single_example.conform(value, self.var_type(var))
       if fault is not None:
         faults.append(fault)
     writes = tuple(env[v] for v in self.writes)

@@ -16,7 +16,7 @@ import math
 
 import tensorflow as tf
 
-from tfp_autobatch.frontend import subscripts
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import types as types_lib
 
 NAME = "__tab_ops__"   # what converted code calls this module

@@ -25,7 +25,7 @@ Ops that may raise, have effects or draw random numbers (`CheckNumerics`,
 import tensorflow as tf
 
 from tfp_autobatch.ir import ir2
-from tfp_autobatch.runtime import vectorize
+from tfp_autobatch.operators import single_example
 
 # Ops that raise on no integer or boolean values of their inputs.
 _TOTAL_OPS = frozenset({
@@ -112,8 +112,8 @@ def computations_if_harmless(op, in_types, out_types, floats=False):
              for t in tf.nest.flatten([in_types, out_types])):
     return None
   try:
-    graph = vectorize.trace_in_scratch_graph(
-        vectorize.single_example_fn(op, out_types),
+    graph = single_example.trace_in_scratch_graph(
+        single_example.single_example_fn(op, out_types),
         [tf.nest.map_structure(lambda t: t.spec(), t) for t in in_types])
   except Exception:  # pylint: disable=broad-except
     return None   # the runtime's own trace reports it
