@@ -35,8 +35,6 @@ from nuts import programs
 from nuts import random as nuts_random
 from nuts import target_checks
 from nuts import tree
-from tfp_autobatch.ir import ir2
-from tfp_autobatch.runtime import _tf_private
 
 __all__ = ["NoUTurnSampler", "NUTSKernelResults"]
 
@@ -296,13 +294,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     the program's first call. (The pc runtimes count the rows they compute
     themselves.)"""
     if layout not in self._gradient_labels:
-      program = nuts_steps.ir(level=1)
-      calls = {f"{f.name}/{b.label}":
-               sum(isinstance(op, ir2.Primitive) and op.batched
-                   for op in b.ops)
-               for f in program.functions for b in f.blocks}
-      self._gradient_labels[layout] = {label: n for label, n in calls.items()
-                                       if n}
+      self._gradient_labels[layout] = nuts_steps.batched_primitive_calls()
     return self._gradient_labels[layout]
 
   # -- the kernel -------------------------------------------------------------
@@ -391,7 +383,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # of the XLA-compiled step would fail as TensorFlow built its gradient.
     if self.backend == "pc:xla" and not (
         tf.executing_eagerly()
-        and _tf_private.record.could_possibly_record()):
+        and tab.tape_may_record()):
       return self._shared_step(current_state, previous_kernel_results, seed)
     return self._one_step(current_state, previous_kernel_results, seed)
 

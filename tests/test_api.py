@@ -119,6 +119,29 @@ def test_batched_primitive_runs_on_the_batch():
   np.testing.assert_allclose(f.reference(x), [2.0, 8.0])
 
 
+def test_batched_primitive_calls_names_the_blocks_that_call_them():
+  @tab.batch
+  def f(x):
+    s = _batched_sum(x) + _batched_sum(x * 3.0)
+    if s > 3:
+      s = _batched_sum(x * 2.0)
+    return s
+  f(np.array([[1.0, 1.0], [2.0, 2.0]], np.float32), backend="local:eager")
+  calls = f.batched_primitive_calls()
+  assert sorted(calls.values()) == [1, 2]
+  program = f.ir(level=1)
+  labels = {f"{fn.name}/{b.label}" for fn in program.functions
+            for b in fn.blocks}
+  assert set(calls) < labels
+
+
+def test_tape_may_record_is_true_only_under_a_tape():
+  assert not tab.tape_may_record()
+  with tf.GradientTape():
+    assert tab.tape_may_record()
+  assert not tab.tape_may_record()
+
+
 @pytest.mark.parametrize("reduce", [
     tf.reduce_sum,                                # the batch summed away
     lambda x: tf.reduce_sum(x, 0),                # over the batch axis

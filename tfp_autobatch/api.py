@@ -13,6 +13,7 @@ from tfp_autobatch import config
 from tfp_autobatch import errors
 from tfp_autobatch import pipeline
 from tfp_autobatch.frontend import batched_callees
+from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import reference
@@ -200,6 +201,18 @@ class BatchedFunction(batched_callees.BatchedFunctionBase):
     if self._last_types is not None:
       return pipeline.typed_program(self, self._last_types, backend)
     return pipeline.convert_program(self)
+
+  def batched_primitive_calls(self, backend=None):
+    """`{"function/label": n}` for the blocks of `ir(level=1, backend)`
+    that call batched primitives, `n` calls each. The local backends'
+    `RunStats` name blocks the same way, so a caller can count the rows
+    its batched primitives computed from the block counts."""
+    program = self.ir(level=1, backend=backend)
+    calls = {f"{f.name}/{b.label}":
+             sum(isinstance(op, ir1.Primitive) and op.batched
+                 for op in b.ops)
+             for f in program.functions for b in f.blocks}
+    return {label: n for label, n in calls.items() if n}
 
   def reference(self, *args):
     """Runs the reference interpreter on each example; stacks the results."""
