@@ -31,7 +31,7 @@ import tensorflow_probability as tfp
 
 import tfp_autobatch as tab
 from nuts import chain_states
-from nuts import programs
+from nuts import shared_programs
 from nuts import random as nuts_random
 from nuts import target_checks
 from nuts import tree
@@ -127,7 +127,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   Kernels with the same `target_log_prob_fn` object (identity), tree
   settings (`max_tree_depth`, `unrolled_leapfrog_steps`,
   `num_trajectories_per_step`, `max_energy_diff`) and state layout run one
-  batched program (`nuts/programs.py`): the first step of the first of them
+  batched program (`nuts/shared_programs.py`): the first step of the first of them
   converts, traces and compiles it, and a kernel built again with the same
   target (a notebook cell run again, a kernel per stage) reuses that. The
   step size, backend, name and `parallel_iterations` may differ. On
@@ -185,7 +185,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         parallel_iterations=int(parallel_iterations),
         experimental_shard_axis_names=None)
     # layout -> (nuts_steps, logp_and_grad), shared with the kernels that
-    # have this target and tree settings (`nuts/programs.py`); kept here,
+    # have this target and tree settings (`nuts/shared_programs.py`); kept here,
     # so that the program lives as long as this kernel.
     self._programs = {}
     self._gradient_labels = {}
@@ -280,10 +280,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   def _program(self, layout):
     """The batched NUTS program for a state layout: the one every kernel
-    with this target and tree settings runs (`nuts/programs.py`), kept
+    with this target and tree settings runs (`nuts/shared_programs.py`), kept
     here so that it lives as long as this kernel."""
     if layout not in self._programs:
-      self._programs[layout] = programs.nuts_program(
+      self._programs[layout] = shared_programs.nuts_program(
           self.target_log_prob_fn, layout, self._tree_settings())
     return self._programs[layout]
 
@@ -326,7 +326,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # batched program's gradient calls get fresh tensors anyway: the
     # state parts split from its flat vector.)
     parts = [tf.identity(p) for p in parts]
-    logp, grads = programs.value_and_grads(self.target_log_prob_fn,
+    logp, grads = shared_programs.value_and_grads(self.target_log_prob_fn,
                                            parts, is_list)
     chain_states.check_log_density(logp, parts)
     target_checks.check_chains_alike(self.target_log_prob_fn, parts,
@@ -371,7 +371,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     seed = tfp.random.sanitize_seed(seed)
     if self.backend == "pc:xla":
       if self._xla_checked is None:
-        self._xla_checked = programs.shared_value(
+        self._xla_checked = shared_programs.shared_value(
             self.target_log_prob_fn, ("xla checked",), lambda call: set())
       target_checks.check_target_compiles(
           self.target_log_prob_fn, current_state, previous_kernel_results,
@@ -395,13 +395,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     executor, 0.3 ms a step (NUTS on the 100-d Gaussian, 1 and 16 chains,
     3.84 -> 3.56 and 5.62 -> 5.33 ms; 2 CPU cores, A/B in one process, 8
     alternating rounds). The `tf.function` is one for all the kernels of
-    this target and tree settings (`programs.shared_value`), as their
+    this target and tree settings (`shared_programs.shared_value`), as their
     program is: a kernel built again, at each trace of the caller's
     function, reuses its traces and XLA's compilations. It traces the step
     of the kernel that calls it (`_STEPPING`), which builds what any of
     them would."""
     if self._compiled_step is None:
-      self._compiled_step = programs.shared_value(
+      self._compiled_step = shared_programs.shared_value(
           self.target_log_prob_fn, ("compiled step",) + self._tree_settings(),
           lambda call: tf.function(functools.partial(_step_of_caller),
                                    jit_compile=True, autograph=False))
@@ -483,7 +483,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                        flat(grads), step, chain_keys, backend=self.backend)
     except tab.TypeInferenceError as e:
       cause = e.__cause__
-      if not _raised_in(cause, programs.call_target):
+      if not _raised_in(cause, shared_programs.call_target):
         raise
       # tfp_autobatch's error names our gradient call in nuts/tree.py (and,
       # for an `if`, advises a @tab.batch body); the code at fault is the

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tfp_autobatch as tab
-from programs import count_loop
+from example_programs import count_loop
 
 LOCAL_BACKENDS = [b for b in tab.BACKENDS if b.startswith("local:")]
 

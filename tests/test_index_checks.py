@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import nuts.tree
-import programs
+import example_programs
 import tfp_autobatch as tab
 from tfp_autobatch import api
 from tfp_autobatch import pipeline
@@ -309,8 +309,8 @@ def test_only_subscripts_that_may_gather_are_checked():
 
 
 def test_only_code_with_checked_subscripts_returns_fault_records():
-  assert not _sites(programs.fib)
-  [test] = pipeline.convert_program(programs.fib).entry.blocks[0].ops
+  assert not _sites(example_programs.fib)
+  [test] = pipeline.convert_program(example_programs.fib).entry.blocks[0].ops
   assert len(single_example.single_example_fn(test, [types_lib.TensorType(
       tf.bool, ())])(tf.constant(3))) == 1
   [read] = pipeline.convert_program(shifted).entry.blocks[0].ops

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import programs
+import example_programs
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir1
@@ -14,7 +14,7 @@ from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import tail_duplicate
 
 INT = [types_lib.TensorType(tf.int32, ())]
-collatz = programs.PROGRAMS_BY_NAME["collatz_steps"].fn   # a while around an if
+collatz = example_programs.PROGRAMS_BY_NAME["collatz_steps"].fn   # a while around an if
 
 
 def test_tail_duplication_copies_join_and_loop_header_into_predecessors():
@@ -79,8 +79,8 @@ def test_tail_duplication_counts_predecessors_once_a_round(monkeypatch):
 
 # -- inlining --------------------------------------------------------------------
 
-digit_sum = programs.PROGRAMS_BY_NAME["digit_sum"].fn     # calls a helper once
-fib = programs.PROGRAMS_BY_NAME["fib"].fn                 # recursive
+digit_sum = example_programs.PROGRAMS_BY_NAME["digit_sum"].fn     # calls a helper once
+fib = example_programs.PROGRAMS_BY_NAME["fib"].fn                 # recursive
 
 
 @tab.batch

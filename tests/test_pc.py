@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import programs
+import example_programs as programs
 import tfp_autobatch as tab
 from tfp_autobatch import errors
 from tfp_autobatch import pipeline

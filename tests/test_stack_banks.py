@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import programs
+import example_programs
 from tfp_autobatch import errors
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import stack_banks
@@ -108,7 +108,7 @@ def test_more_writes_than_reserved_is_an_ir_error():
 def test_compiled_loop_scatters_once_per_bank():
   # tree_depth_sum keeps two int32 arguments and an int32 result across its
   # recursive calls: with the pc, several int32 stacks, one bank.
-  fn = programs.tree_depth_sum
+  fn = example_programs.tree_depth_sum
   args = [tf.constant([3, 1, 2], tf.int32), tf.constant([0, 1, 2], tf.int32)]
   fn(*args, backend="pc:xla")
   runtime = pipeline.runtime(fn, fn._last_types, "pc:xla")  # pylint: disable=protected-access
