@@ -127,9 +127,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   Kernels with the same `target_log_prob_fn` object (identity), tree
   settings (`max_tree_depth`, `unrolled_leapfrog_steps`,
   `num_trajectories_per_step`, `max_energy_diff`) and state layout run one
-  batched program (`nuts/shared_programs.py`): the first step of the first of them
-  converts, traces and compiles it, and a kernel built again with the same
-  target (a notebook cell run again, a kernel per stage) reuses that. The
+  batched program (`nuts/shared_programs.py`): the first step of the first of
+  them converts, traces and compiles it, and a kernel built again with the
+  same target (a notebook cell run again, a kernel per stage) reuses that. The
   step size, backend, name and `parallel_iterations` may differ. On
   `pc:xla` they also share the step compiled with XLA for a caller's
   graph, so a caller's `tf.function` that builds its kernel at each trace
@@ -378,8 +378,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
           self._xla_checked)
     # Eagerly too, unless a tape may record the step: its state, seeds and
     # results around the batched program are then one call, not dozens of
-    # eager ops (a step on the 100-d Gaussian at one chain took 4.2 ms
-    # eagerly, 1.2 ms in a tf.function; scratch timing). A recorded call
+    # eager ops, several times faster for a small model. A recorded call
     # of the XLA-compiled step would fail as TensorFlow built its gradient.
     if self.backend == "pc:xla" and not (
         tf.executing_eagerly()
@@ -392,12 +391,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     Otherwise the state's flattening, the chains' seeds and the results
     around the batched program are a few dozen small ops for the caller's
-    executor, 0.3 ms a step (NUTS on the 100-d Gaussian, 1 and 16 chains,
-    3.84 -> 3.56 and 5.62 -> 5.33 ms; 2 CPU cores, A/B in one process, 8
-    alternating rounds). The `tf.function` is one for all the kernels of
-    this target and tree settings (`shared_programs.shared_value`), as their
-    program is: a kernel built again, at each trace of the caller's
-    function, reuses its traces and XLA's compilations. It traces the step
+    executor, a few percent of a step on a small model
+    (`python -m benchmarks.nuts_vm_steps`). The `tf.function` is one for
+    all the kernels of this target and tree settings
+    (`shared_programs.shared_value`), as their program is: a kernel built
+    again, at each trace of the caller's function, reuses its traces and XLA's compilations. It traces the step
     of the kernel that calls it (`_STEPPING`), which builds what any of
     them would."""
     if self._compiled_step is None:

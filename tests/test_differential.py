@@ -1,7 +1,7 @@
 """Differential tests: every backend against two independent answers.
 
-For each program of `example_programs.PROGRAMS`, each backend of `tab.BACKENDS` and
-each batch size, a batched call must equal
+For each program of `example_programs.PROGRAMS`, each backend of `tab.BACKENDS`
+and each batch size, a batched call must equal
 
   * `fn.reference(*inputs)`, the reference interpreter run example by example
     (the source of truth), and

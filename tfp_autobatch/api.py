@@ -242,7 +242,7 @@ def _prepare(fn, args):
 
   Arguments that are all arrays or eager tensors of the dtypes and shapes
   of the last such call skip the checks and typing: the same loop calling
-  a small batch paid 18 of its 200 us (scratch timing) to repeat them."""
+  a small batch paid about a tenth of each call to repeat them."""
   key = _dense_key(args)
   if key is not None:
     last = fn._last_dense   # pylint: disable=protected-access

@@ -49,9 +49,9 @@ def split_block(block):
 class _CalledConcrete:
   """A `tf.function` with an input signature, called through its one
   concrete function, traced on the first call. A `tf.function`'s own call
-  binds the arguments to its signature and looks up its trace each time:
-  about 0.3 ms of each call's 0.6 ms on this project's CPU, and a
-  segment call is most of what a local step costs at small batches. The
+  binds the arguments to its signature and looks up its trace each time,
+  about half of a small segment call, and a segment call is most of what
+  a local step costs at small batches. The
   concrete function's own call binds them too
   (`_tf_private.call_concrete`)."""
 

@@ -6,8 +6,8 @@ nest of [D, Z, ...] buffers. A block reads them (pops) and returns one
 the block, in place (see `pc_vm`). Applied one stack at a time, that is a
 scatter per stack leaf and per VM step, also for the stacks the block left
 alone: NUTS has 22 stack leaves, so 22 scatters a step, each a kernel of
-its own in XLA's compiled loop (about 0.1 us of dispatch each at one chain,
-where a whole VM step costs about 13 us).
+its own in XLA's compiled loop, whose dispatch is a sizeable part of a VM
+step at one chain.
 
 `StackBanks` keeps the leaves of one dtype and per-example shape together,
 as [D, S, Z, ...] (S leaves), and applies a block's writes to a bank with
@@ -47,8 +47,8 @@ def _flat_rows(depth, sp):
 
   One row index per member, where `tf.gather_nd` needs a [Z, 2] index
   built with a stack of two vectors: TensorFlow's CPU kernel copies that
-  element by element (120 us of a 1.5 ms `pc:graph` step on 4,096
-  members, the gather_nd 50 us more).
+  element by element, a noticeable part of a `pc:graph` step on thousands
+  of members.
 
   int32 where D * Z is known to fit, else int64 (a stack of 2**31 rows or
   more, or a batch size unknown at trace time)."""
@@ -112,8 +112,8 @@ def no_write(stack, z, zeros=None):
   `zeros`: a dict that the no-writes of one block share, so that they
   share their zeros too (the rows and mask, and one value per dtype and
   shape), instead of each building its own: every stack a block leaves
-  alone needs one, and under pc:graph they were 1,273 of the 14,263 ops
-  of a NUTS trace (0.44 of its 6.9 s in cProfile)."""
+  alone needs one, and under pc:graph they were about a tenth of the ops
+  of a NUTS trace."""
   zeros = {} if zeros is None else zeros
   def shared(key, make):
     if key not in zeros:

@@ -14,8 +14,8 @@ In a graph, pfor is called directly (`_pfor_in_graph`) rather than through
 `tf.vectorized_map`, which inside an XLA computation wraps every call in one
 more `tf.function` (with AutoGraph) of its own. Together with the tracing
 once per primitive this cut the first call of one NUTS step (trace and XLA
-compilation) by a quarter to a third, with the same step times (`benchmarks/results/HISTORY.md`, the first
-calls of 2026-11-25 06:13-06:24 UTC).
+compilation) by a quarter to a third, with the same step times (the first
+call's time, `first_call_sec`, in `python -m benchmarks.nuts_vm_steps`).
 """
 import collections
 import functools
@@ -188,8 +188,8 @@ def _computed_once(outs, ins):
   evaluates a concatenation's operands row by row: a value fused into it
   is computed again for every register it goes to. NUTS's draw (a hash,
   then Box-Muller's logarithm and cosine per element) made the block that
-  starts a trajectory take 284 us a run at 64 chains against 86 us
-  computed once (`benchmarks.nuts_profile`, 2026-11-25).
+  starts a trajectory about three times as slow as computing it once
+  (`python -m benchmarks.nuts_profile` times each block).
   """
   count = collections.Counter(id(v) for v in outs)
   inputs = {id(x) for x in tf.nest.flatten(ins)}
