@@ -16,10 +16,10 @@ import example_programs
 import tfp_autobatch as tab
 from tfp_autobatch import api
 from tfp_autobatch import pipeline
-from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import types as types_lib
-from tfp_autobatch.runtime import local_static
 from tfp_autobatch.operators import single_example
+from tfp_autobatch.operators import subscripts
+from tfp_autobatch.runtime import local_static
 from tfp_autobatch.runtime import vectorize
 
 TABLE = tf.constant([10.0, 20.0, 30.0])

@@ -7,8 +7,8 @@ import tensorflow as tf
 import example_programs
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
-from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.analysis import raise_free
+from tfp_autobatch.ir import types as types_lib
 
 INT = [types_lib.TensorType(tf.int32, ())]
 

@@ -15,10 +15,10 @@ from tfp_autobatch import pipeline
 from tfp_autobatch.frontend import batched_callees
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.operators import single_example
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import reference
 from tfp_autobatch.runtime import stats as stats_lib
-from tfp_autobatch.operators import single_example
 
 DEFAULT_MAX_STACK_DEPTH = 64
 

@@ -16,21 +16,21 @@ import itertools
 import os
 
 from tfp_autobatch import backends
+from tfp_autobatch.analysis import definite_assignment
 from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import branch_at_call
-from tfp_autobatch.analysis import definite_assignment
 from tfp_autobatch.passes import if_to_select
 from tfp_autobatch.passes import infer_types
 from tfp_autobatch.passes import inline
-from tfp_autobatch.passes import tail_duplicate
 from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import redundant_copies
 from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
+from tfp_autobatch.passes import tail_duplicate
 
 CACHE_ATTRIBUTE = "_pipeline_cache"   # the cache's name on the function
 

@@ -25,8 +25,8 @@ from tfp_autobatch.frontend import _source
 from tfp_autobatch.frontend import batched_callees
 from tfp_autobatch.frontend import expression_lowering
 from tfp_autobatch.frontend import name_analysis
-from tfp_autobatch.operators import pyops
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.operators import pyops
 
 MAX_UNROLLED_ITERATIONS = 16   # longer loops over constant ranges stay loops
 

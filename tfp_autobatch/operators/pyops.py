@@ -16,8 +16,8 @@ import math
 
 import tensorflow as tf
 
-from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.operators import subscripts
 
 NAME = "__tab_ops__"   # what converted code calls this module
 

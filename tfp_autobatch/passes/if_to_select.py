@@ -41,9 +41,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfp_autobatch.ir import ir1
 from tfp_autobatch.analysis import definite_assignment
 from tfp_autobatch.analysis import raise_free
+from tfp_autobatch.ir import ir1
 from tfp_autobatch.operators import single_example
 
 # The TensorFlow ops an arm may compute (traced for one example; both arms

@@ -20,9 +20,9 @@ import weakref
 import tensorflow as tf
 
 from tfp_autobatch import errors
-from tfp_autobatch.operators import pyops
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.operators import pyops
 from tfp_autobatch.operators import single_example
 
 _MAX_SWEEPS = 100

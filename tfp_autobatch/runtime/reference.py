@@ -7,10 +7,10 @@ out of range raises `IndexOutOfRangeError`, as on every backend.
 import tensorflow as tf
 
 from tfp_autobatch import errors
-from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import ir1
-from tfp_autobatch.runtime import python_stack
 from tfp_autobatch.operators import single_example
+from tfp_autobatch.operators import subscripts
+from tfp_autobatch.runtime import python_stack
 
 
 def run_example(program, args, max_stack_depth):

@@ -22,11 +22,11 @@ import functools
 
 import tensorflow as tf
 
-from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.operators import single_example
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
-from tfp_autobatch.operators import single_example
 from tfp_autobatch.runtime import vectorize
 
 

@@ -26,9 +26,9 @@ import weakref
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.operators import single_example
 from tfp_autobatch.operators.single_example import conform
-from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import pfor_conditions
