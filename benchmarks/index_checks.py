@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import machine as machine_lib
+from benchmarks import quiet
 import tfp_autobatch as tab
 
 FLAGS = flags.FLAGS
@@ -115,6 +116,7 @@ def benchmark(backends, batch_sizes, rounds, calls):
 
 
 def main(argv):
+  quiet.silence_peers()
   del argv
   batch_sizes = [int(b) for b in FLAGS.batch_sizes]
   machine = machine_lib.machine_info()
