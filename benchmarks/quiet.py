@@ -20,6 +20,8 @@ import logging
 import os
 import warnings
 
+from absl import logging as absl_logging
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # The peers whose warnings a benchmark's reader has no use for.
@@ -40,9 +42,7 @@ def _stderr_to_devnull():
 
 
 with _stderr_to_devnull():
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+  import tensorflow as tf  # pylint: disable=wrong-import-position
 
 
 def silence_peers():

@@ -105,8 +105,8 @@ def _code_blocks(text):
   return blocks
 
 
-_IR_START = re.compile(
-    r"(def \w+\(|program\(|  [\w.]+:$|  \d+ \w|  (stacked|registers|temporaries):)")
+_IR_START = re.compile(r"(def \w+\(|program\(|  [\w.]+:$|  \d+ \w|"
+                       r"  (stacked|registers|temporaries):)")
 
 
 def _ir_lines_of_page():
