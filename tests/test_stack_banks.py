@@ -112,13 +112,14 @@ def test_compiled_loop_scatters_once_per_bank():
   args = [tf.constant([3, 1, 2], tf.int32), tf.constant([0, 1, 2], tf.int32)]
   fn(*args, backend="pc:xla")
   runtime = pipeline.runtime(fn, fn._last_types, "pc:xla")  # pylint: disable=protected-access
-  stacks = runtime._stacks  # pylint: disable=protected-access
+  layout = runtime.layout_for(3)
+  stacks = layout.stacks
   assert len(stacks.names) > len(stacks.sizes) == 1
   hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
       stage="optimized_hlo")
   # One scatter per bank in each dispatch's loop (see
   # `dispatch.group_blocks`) that writes the bank.
-  dispatches = runtime._dispatches  # pylint: disable=protected-access
+  dispatches = layout.dispatches
   writing = [d for d in dispatches if d.stack_capacity[("int32", ())]]
   assert all(not any(d.bank_capacity.values()) for d in dispatches)
   assert len(re.findall(r" scatter\(", hlo)) == len(writing) >= 1

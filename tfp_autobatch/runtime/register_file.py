@@ -18,19 +18,18 @@ For a batch of at least `ROWS_FROM_BATCH` members a file is [width, Z],
 each register a contiguous row of the batch (as in a bank), else [Z,
 width]. XLA's CPU kernel that writes a file back evaluates its
 concatenation element by element, which over a [Z, width] file picks the
-source anew for every element, and over rows copies runs of Z, which makes
-VM steps on thousands of members markedly faster (`python -m
-benchmarks.programs`). On few members rows cost more than they save
-(transposes of the leaves with a per-member shape, such as NUTS's seeds:
-`python -m benchmarks.nuts_vm_steps`).
+source anew for every element, and over rows copies runs of Z; on few
+members rows cost more than they save (transposes of the leaves with a
+per-member shape, such as NUTS's seeds). `python -m benchmarks.programs`
+(fib under `pc:xla` at 1,024 and 4,096 members) and `python -m
+benchmarks.nuts_vm_steps` (4 and 64 chains) show both sides.
 
 Only integer and boolean leaves are packed (the pc, stack pointers, loop
 counters, flags: most of the leaves, and tiny); booleans go in the int32
 file as 0 and 1, so a VM step writes one file, not two. Floating-point
-registers stay loose: packing them too made NUTS on the logistic
-regression about twice as slow per step (perhaps because the slices are
-then fused into the model's matmul operands), while packing ints and
-bools alone made both it and the Gaussian's VM steps faster (`python -m
+registers stay loose: packed, their slices are fused into the model's
+operands, and NUTS on a logistic regression took longer per step, where
+packing ints and bools alone made VM steps cheaper (`python -m
 benchmarks.nuts`).
 
 Floating-point registers go to `RegisterBanks` instead: [R, Z, ...] per
@@ -58,7 +57,9 @@ _Slot = collections.namedtuple("_Slot",
 
 
 class RegisterFile:
-  """The packing of one nest structure; built from an example of it.
+  """The packing of one nest structure; built from an example of it
+  (tensors or `tf.TensorSpec`s: only the structure, dtypes and shapes are
+  read).
 
   Floating-point leaves, leaves whose shape past the leading (batch)
   dimension is not fully known at trace time or has no elements, and
@@ -227,23 +228,20 @@ class RegisterBanks:
   step on 64 chains copied 2 MB and spent most of its time doing so. In a
   bank a register is a static slice `bank[i]` (contiguous, so the readers
   fuse it), and a block returns only the registers it may change, as
-  `(indices [K], values [K, Z, ...])` per bank (K the most any block of
-  its dispatch changes, see `dispatch.Dispatch`; the padding writes go to
-  row R, past the end, with zeros); the
-  loop applies them in place with one XLA scatter per bank, which skips
-  the padding. (XLA only: the other modes pass tensors through the
-  dispatch without copies.) One scatter rather than a dynamic-update-slice
-  per row, which is faster at every chain count (`python -m
-  benchmarks.nuts_vm_steps`).
+  `(indices [K], values [K, Z, ...])` per bank (K the most any block of its
+  dispatch changes, see `dispatch.Dispatch`; the padding writes go to row R,
+  past the end, with zeros); the loop applies them in place with one XLA
+  scatter per bank, which skips the padding. (XLA only: the other modes pass
+  tensors through the dispatch without copies.) One scatter rather than a
+  dynamic-update-slice per row, and banks rather than loose registers,
+  because XLA then copies far fewer buffers in the compiled loop (count the
+  copies in its optimised HLO; `python -m benchmarks.nuts_vm_steps` times a
+  fixed NUTS transition).
 
-  Banks cut the copies in NUTS's compiled loop on the 100-d Gaussian about
-  fivefold (counted in XLA's optimised HLO) and its transitions are faster
-  for it; the logistic regression, whose steps are mostly the model, does
-  not change measurably.
-
-  Leaves are picked from an example nest: floating point, rank >= 1 (the
-  batch), a known non-empty per-example shape. `enabled=False` banks
-  nothing. `names`, one per flat leaf, name them in errors.
+  Leaves are picked from an example nest (tensors or `tf.TensorSpec`s):
+  floating point, rank >= 1 (the batch), a known non-empty per-example
+  shape. `enabled=False` banks nothing. `names`, one per flat leaf, name
+  them in errors.
   """
 
   def __init__(self, example, enabled=True, names=None):

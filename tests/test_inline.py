@@ -1,9 +1,9 @@
-"""IR-1 passes other than type inference."""
+"""Tests of inlining (`passes/inline.py`)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import example_programs
+import example_programs as programs
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir1
@@ -14,73 +14,10 @@ from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import tail_duplicate
 
 INT = [types_lib.TensorType(tf.int32, ())]
-collatz = example_programs.PROGRAMS_BY_NAME["collatz_steps"].fn   # a while around an if
 
 
-def test_tail_duplication_copies_join_and_loop_header_into_predecessors():
-  # On the converted program: the pipeline makes collatz's `if` a select
-  # first (`if_to_select`), which leaves no join to copy.
-  program = tail_duplicate.tail_duplicate(pipeline.convert_program(collatz))
-  labels = [b.label for b in program.entry.blocks]
-  # The `if` join (`endif`) and the loop header (`while`) are gone: each
-  # branch of the `if` now ends by testing the loop condition itself.
-  assert not [l for l in labels if l.startswith(("endif", "while"))], labels
-  branches = [b for b in program.entry.blocks
-              if isinstance(b.terminator, ir1.Branch)]
-  assert len(branches) == 4    # entry, body, then, else
-  x = np.array([1, 7, 27, 97], np.int32)
-  for backend in ("local:eager", "pc:xla"):
-    np.testing.assert_array_equal(collatz(x, backend=backend),
-                                  [0, 16, 111, 118])
-
-
-def test_tail_duplication_removes_blocks_within_its_growth_bound():
-  before = pipeline.convert_program(collatz)
-  after = tail_duplicate.tail_duplicate(before)
-  assert len(after.entry.blocks) < len(before.entry.blocks)
-  grown = sum(len(b.ops) for b in after.entry.blocks)
-  assert grown <= tail_duplicate.MAX_GROWTH * sum(
-      len(b.ops) + 1 for b in before.entry.blocks)
-
-
-
-@tab.batch
-def _six_arms(n):
-  if n == 0:
-    y = n + 1
-  elif n == 1:
-    y = n * 3
-  elif n == 2:
-    y = n - 7
-  elif n == 3:
-    y = n * n
-  elif n == 4:
-    y = n + 9
-  else:
-    y = n
-  return y + 1
-
-
-def test_tail_duplication_counts_predecessors_once_a_round(monkeypatch):
-  # Recounted at every jump they made the pass quadratic in blocks (1 s
-  # for an `if` of 160 arms); now counted once a round and kept up to
-  # date, with the same result.
-  before = pipeline.convert_program(_six_arms)
-  counts = []
-  count = tail_duplicate._predecessors
-  monkeypatch.setattr(tail_duplicate, "_predecessors",
-                      lambda blocks: counts.append(1) or count(blocks))
-  after = tail_duplicate.tail_duplicate(before)
-  assert len(after.entry.blocks) < len(before.entry.blocks)
-  assert len(counts) == 4, len(counts)   # rounds (20 before: a jump each)
-  n = np.arange(-1, 7, dtype=np.int32)
-  np.testing.assert_array_equal(_six_arms(n, backend="pc:graph"),
-                                [_six_arms.run_unbatched(i) for i in n])
-
-# -- inlining --------------------------------------------------------------------
-
-digit_sum = example_programs.PROGRAMS_BY_NAME["digit_sum"].fn     # calls a helper once
-fib = example_programs.PROGRAMS_BY_NAME["fib"].fn                 # recursive
+digit_sum = programs.PROGRAMS_BY_NAME["digit_sum"].fn     # calls a helper once
+fib = programs.PROGRAMS_BY_NAME["fib"].fn                 # recursive
 
 
 @tab.batch
@@ -164,3 +101,57 @@ def test_inlining_fewer_vm_steps():
 def test_inline_needs_types():
   with pytest.raises(tab.IRError, match="typed"):
     inline.inline(pipeline.convert_program(digit_sum))
+
+
+@tab.batch
+def _plus_one(x):
+  return x + 1
+
+
+@tab.batch
+def plus_two(x):
+  return _plus_one(_plus_one(x))
+
+
+PLUS_TWO_BEFORE = """\
+def plus_two(x) -> _result:
+  entry:
+    _t0 = call _plus_one(x)
+    _t1 = call _plus_one(_t0)
+    _result = primitive(_t1) { _result = _t1 }
+    return
+  types: _result: int32[], _t0: int32[], _t1: int32[], x: int32[]
+def _plus_one(x) -> _result:
+  entry:
+    _result = primitive(x) { _result = x + 1 }
+    return
+  types: _result: int32[], x: int32[]"""
+
+PLUS_TWO_AFTER = """\
+def plus_two(x) -> _result:
+  entry:
+    _plus_one.x = primitive(x) { copy }
+    jump _plus_one.entry
+  _plus_one.entry:
+    _plus_one._result = primitive(_plus_one.x) { _result = x + 1 }
+    jump _plus_one.done
+  _plus_one.done:
+    _t0 = primitive(_plus_one._result) { copy }
+    _plus_one.2.x = primitive(_t0) { copy }
+    jump _plus_one.2.entry
+  _plus_one.2.entry:
+    _plus_one.2._result = primitive(_plus_one.2.x) { _result = x + 1 }
+    jump _plus_one.2.done
+  _plus_one.2.done:
+    _t1 = primitive(_plus_one.2._result) { copy }
+    _result = primitive(_t1) { _result = _t1 }
+    return
+  types: _plus_one.2._result: int32[], _plus_one.2.x: int32[], _plus_one._result: int32[], _plus_one.x: int32[], _result: int32[], _t0: int32[], _t1: int32[], x: int32[]"""
+
+
+def test_golden_inline():
+  # Each call of the straight-line `_plus_one` becomes a copy of its
+  # blocks under its own names, entered and left by jumps.
+  before = infer_types.infer_types(pipeline.convert_program(plus_two), INT)
+  assert str(before) == PLUS_TWO_BEFORE
+  assert str(inline.inline(before)) == PLUS_TWO_AFTER
