@@ -5,8 +5,8 @@ results (`block_runner`). Outside XLA the inactive rows' inputs are junk
 that user code may raise on (an index past the end, a division by zero),
 so those rows are first given an active row's inputs (a gather per value
 read), and a guarded primitive runs inside a `tf.cond` on a guarded
-member's inputs. Both cost every VM step: on collatz under `pc:graph` the
-steps took about 1.5-1.9x as long as without them.
+member's inputs. Both cost every VM step (`python -m benchmarks.programs
+--programs=collatz --backends=pc:graph` shows how much).
 
 Code made only of integer and boolean ops that compute on any inputs
 without raising (sums, comparisons, selects; a division by a constant
