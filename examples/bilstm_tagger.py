@@ -29,7 +29,8 @@ class BiLSTMTagger(tf.Module):
                embedding_size=neural_data.EMBEDDING_SIZE,
                hidden_size=neural_data.HIDDEN_SIZE,
                num_tags=neural_data.NUM_TAGS,
-               max_length=neural_data.MAX_SENTENCE_LENGTH, seed=0):
+               max_length=neural_data.MAX_SENTENCE_LENGTH, seed=0,
+               batched_cells=False):
     super().__init__(name="bilstm_tagger")
     self.max_length = max_length
     self.embedding = tf.Variable(tf.random.stateless_uniform(
@@ -38,14 +39,28 @@ class BiLSTMTagger(tf.Module):
     self.forward = cells.LSTMWeights(embedding_size, hidden_size, seed + 1)
     self.backward = cells.LSTMWeights(embedding_size, hidden_size, seed + 2)
     self.output = cells.DenseWeights(2 * hidden_size, num_tags, seed + 3)
-    self.sentence_loss = _batched_loss(self)
+    self.sentence_loss = _batched_loss(self, batched_cells)
 
 
-def _batched_loss(model):
-  """The model written for one sentence, batched (weights by closure)."""
+def _batched_loss(model, batched_cells):
+  """The model written for one sentence, batched (weights by closure).
+
+  With `batched_cells`, the LSTM steps are `@tab.batched_primitive`s (see
+  `tree_lstm`).
+  """
   embedding, forward, backward = model.embedding, model.forward, model.backward
   output, max_length = model.output, model.max_length
   hidden_size = forward.hidden_size
+
+  def forward_step(x, h, c):
+    return cells.lstm_cell(forward, x, h, c)
+
+  def backward_step(x, h, c):
+    return cells.lstm_cell(backward, x, h, c)
+
+  if batched_cells:
+    forward_step = tab.batched_primitive(forward_step)
+    backward_step = tab.batched_primitive(backward_step)
 
   @tab.batch
   def sentence_loss(words, tags, length):
@@ -54,7 +69,7 @@ def _batched_loss(model):
     c = tf.zeros([hidden_size])
     i = 0
     while i < length:
-      h, c = cells.lstm_cell(forward, cells.embed(embedding, words[i]), h, c)
+      h, c = forward_step(cells.embed(embedding, words[i]), h, c)
       forward_states = tf.where(
           tf.range(max_length)[:, None] == i, h[None, :], forward_states)
       i += 1
@@ -63,7 +78,7 @@ def _batched_loss(model):
     loss = 0.0
     i = length - 1
     while i >= 0:
-      h, c = cells.lstm_cell(backward, cells.embed(embedding, words[i]), h, c)
+      h, c = backward_step(cells.embed(embedding, words[i]), h, c)
       logits = cells.dense(output, tf.concat([forward_states[i], h], 0))
       loss += cells.cross_entropy(logits, tags[i])
       i -= 1

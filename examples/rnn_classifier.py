@@ -20,20 +20,31 @@ class RNNClassifier(tf.Module):
   def __init__(self, vocabulary_size=neural_data.VOCABULARY_SIZE,
                embedding_size=neural_data.EMBEDDING_SIZE,
                hidden_size=neural_data.HIDDEN_SIZE,
-               num_classes=neural_data.NUM_CLASSES, seed=0):
+               num_classes=neural_data.NUM_CLASSES, seed=0,
+               batched_cells=False):
     super().__init__(name="rnn_classifier")
     self.embedding = tf.Variable(tf.random.stateless_uniform(
         [vocabulary_size, embedding_size], [seed, 0], -0.1, 0.1),
                                  name="embedding")
     self.lstm = cells.LSTMWeights(embedding_size, hidden_size, seed + 1)
     self.output = cells.DenseWeights(hidden_size, num_classes, seed + 3)
-    self.logits = _batched_logits(self)
+    self.logits = _batched_logits(self, batched_cells)
 
 
-def _batched_logits(model):
-  """The model written for one sequence, batched (weights by closure)."""
+def _batched_logits(model, batched_cells):
+  """The model written for one sequence, batched (weights by closure).
+
+  With `batched_cells`, the LSTM step is a `@tab.batched_primitive` (see
+  `tree_lstm`).
+  """
   embedding, lstm, output = model.embedding, model.lstm, model.output
   hidden_size = lstm.hidden_size
+
+  def step(x, h, c):
+    return cells.lstm_cell(lstm, x, h, c)
+
+  if batched_cells:
+    step = tab.batched_primitive(step)
 
   @tab.batch
   def sequence_logits(words, length):
@@ -41,7 +52,7 @@ def _batched_logits(model):
     c = tf.zeros([hidden_size])
     i = 0
     while i < length:
-      h, c = cells.lstm_cell(lstm, cells.embed(embedding, words[i]), h, c)
+      h, c = step(cells.embed(embedding, words[i]), h, c)
       i += 1
     return cells.dense(output, h)
 

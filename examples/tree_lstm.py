@@ -24,27 +24,45 @@ class TreeLSTM(tf.Module):
   def __init__(self, vocabulary_size=neural_data.VOCABULARY_SIZE,
                embedding_size=neural_data.EMBEDDING_SIZE,
                hidden_size=neural_data.HIDDEN_SIZE,
-               num_classes=neural_data.NUM_CLASSES, max_depth=48, seed=0):
+               num_classes=neural_data.NUM_CLASSES, max_depth=48, seed=0,
+               batched_cells=False):
     super().__init__(name="tree_lstm")
     self.embedding = tf.Variable(tf.random.stateless_uniform(
         [vocabulary_size, embedding_size], [seed, 0], -0.1, 0.1),
                                  name="embedding")
     self.cell = cells.TreeCellWeights(embedding_size, hidden_size, seed + 1)
     self.output = cells.DenseWeights(hidden_size, num_classes, seed + 3)
-    self.logits = _batched_logits(self, max_depth)
+    self.logits = _batched_logits(self, max_depth, batched_cells)
 
 
-def _batched_logits(model, max_depth):
-  """The model written for one tree, batched (weights by closure)."""
+def _batched_logits(model, max_depth, batched_cells):
+  """The model written for one tree, batched (weights by closure).
+
+  With `batched_cells`, the two cells are `@tab.batched_primitive`s: each
+  runs once on the rows of every tree whose recursion reaches it, which
+  the program-counter backends gather (other code runs on every row,
+  masked), instead of being vectorised with the per-example code.
+  """
   embedding, cell, output = model.embedding, model.cell, model.output
 
-  @tab.batch(max_stack_depth=max_depth)
-  def node_state(left, right, words, node):
-    if left[node] < 0:
-      return cells.tree_leaf(cell, cells.embed(embedding, words[node]))
-    h_left, c_left = node_state(left, right, words, left[node])
-    h_right, c_right = node_state(left, right, words, right[node])
+  def leaf(x):
+    return cells.tree_leaf(cell, x)
+
+  def node(h_left, c_left, h_right, c_right):
     return cells.tree_node(cell, h_left, c_left, h_right, c_right)
+
+  if batched_cells:
+    leaf, node = tab.batched_primitive(leaf), tab.batched_primitive(node)
+
+  @tab.batch(max_stack_depth=max_depth)
+  def node_state(left, right, words, n):
+    if left[n] < 0:
+      h, c = leaf(cells.embed(embedding, words[n]))
+      return h, c
+    h_left, c_left = node_state(left, right, words, left[n])
+    h_right, c_right = node_state(left, right, words, right[n])
+    h, c = node(h_left, c_left, h_right, c_right)
+    return h, c
 
   @tab.batch(max_stack_depth=max_depth)
   def tree_logits(left, right, words, root):

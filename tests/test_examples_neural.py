@@ -25,21 +25,24 @@ SIZES = dict(vocabulary_size=40, embedding_size=6, hidden_size=5)
 BATCH = 5
 
 
-def _tree_case():
-  model = tree_lstm.TreeLSTM(**SIZES, max_depth=12, seed=3)
+def _tree_case(batched_cells):
+  model = tree_lstm.TreeLSTM(**SIZES, max_depth=12, seed=3,
+                             batched_cells=batched_cells)
   data = neural_data.trees(BATCH, seed=4, vocabulary_size=40, max_leaves=9)
   return model, data, tree_lstm.mean_loss, per_example.tree_loss
 
 
-def _tagger_case():
-  model = bilstm_tagger.BiLSTMTagger(**SIZES, max_length=9, seed=3)
+def _tagger_case(batched_cells):
+  model = bilstm_tagger.BiLSTMTagger(**SIZES, max_length=9, seed=3,
+                                     batched_cells=batched_cells)
   data = neural_data.sentences(BATCH, seed=4, vocabulary_size=40,
                                max_length=9)
   return model, data, bilstm_tagger.mean_loss, per_example.tagger_loss
 
 
-def _rnn_case():
-  model = rnn_classifier.RNNClassifier(**SIZES, seed=3)
+def _rnn_case(batched_cells):
+  model = rnn_classifier.RNNClassifier(**SIZES, seed=3,
+                                       batched_cells=batched_cells)
   data = neural_data.sequences(BATCH, seed=4, vocabulary_size=40,
                                max_length=9)
   return model, data, rnn_classifier.mean_loss, per_example.rnn_loss
@@ -49,9 +52,15 @@ CASES = {"tree_lstm": _tree_case, "bilstm_tagger": _tagger_case,
          "rnn_classifier": _rnn_case}
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
+# Each model with its cells vectorised with the per-example code, and as
+# `@tab.batched_primitive`s.
+@pytest.fixture(scope="module",
+                params=[(name, batched) for name in sorted(CASES)
+                        for batched in (False, True)],
+                ids=lambda p: p[0] + ("-batched_cells" if p[1] else ""))
 def case(request):
-  return CASES[request.param]()
+  name, batched_cells = request.param
+  return CASES[name](batched_cells)
 
 
 def _dense(g):
