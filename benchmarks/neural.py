@@ -12,7 +12,9 @@ sizes (embeddings and states of 256, a vocabulary of 10,000) on seeded
 synthetic data with its length distributions (`examples/neural_data.py`).
 
 Systems: each of our `--backends` (pc:xla runs inference only: it has no
-gradient); `tf_eager`, the per-example plain-TF models one example after
+gradient), with the models' cells vectorised with the per-example code
+and, named `<backend>+batched_cells`, as `@tab.batched_primitive`s
+(`--cells`); `tf_eager`, the per-example plain-TF models one example after
 another (the floor; only the first `--eager_cap` examples of a batch are
 timed, `extrapolated`); and, if `dynet38` is installed (`pip install
 -e .[dynet]`), DyNet with no batching, depth-based and agenda-based
@@ -57,8 +59,12 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("workloads", ["tree_lstm", "bilstm_tagger",
                                 "rnn_classifier"], "Workloads to run.")
 flags.DEFINE_list("modes", ["inference", "training"], "Modes to run.")
-flags.DEFINE_list("backends", ["local:eager", "local:eager_xla", "pc:graph",
-                               "pc:xla"], "Our backends to time.")
+flags.DEFINE_list("backends", ["local:eager", "pc:graph", "pc:xla"],
+                  "Our backends to time (local:eager_xla compiles each "
+                  "segment at each subset size: minutes for the TreeLSTM).")
+flags.DEFINE_list("cells", ["per_example", "batched"],
+                  "How our models' cells run: vectorised with the "
+                  "per-example code, or as @tab.batched_primitives.")
 flags.DEFINE_list("batch_sizes", ["1", "4", "16", "64", "256"],
                   "Batch sizes.")
 flags.DEFINE_list("threads", ["1", "2"], "Thread counts, one process each.")
@@ -93,7 +99,8 @@ def measure(fv, threads):
   sizes = _sizes(fv)
   pools = systems_lib.make_pools(sizes, fv.pool_size, fv.seed)
   pools = {w: pools[w] for w in fv.workloads}
-  systems = [systems_lib.Ours(b, sizes, pools) for b in fv.backends]
+  systems = [systems_lib.Ours(b, sizes, pools, cells == "batched")
+             for cells in fv.cells for b in fv.backends]
   if fv.tf_eager:
     systems.append(systems_lib.TFEager(sizes, pools, fv.eager_cap))
   skipped = []
@@ -155,7 +162,8 @@ def _measure_point(fv, threads, workload, mode, batch_size, systems,
 
 def _child_flags(fv, threads, output):
   args = [f"--threads={threads}", f"--output={output}"]
-  for name in ("workloads", "modes", "backends", "batch_sizes", "dynet"):
+  for name in ("workloads", "modes", "backends", "cells", "batch_sizes",
+               "dynet"):
     args.append(f"--{name}={','.join(getattr(fv, name))}")
   for name in ("eager_cap", "rounds", "min_run_sec", "max_call_sec",
                "pool_size", "seed", "embedding_size", "hidden_size",
@@ -184,7 +192,7 @@ def main(argv):
   result = {"machine": machine_lib.machine_info(),
             "config": {**_sizes(FLAGS), "flags": {
                 k: FLAGS[k].value for k in (
-                    "workloads", "modes", "backends", "batch_sizes",
+                    "workloads", "modes", "backends", "cells", "batch_sizes",
                     "threads", "dynet", "eager_cap", "rounds",
                     "min_run_sec", "pool_size", "seed")}},
             "wall_sec": time.time() - started,

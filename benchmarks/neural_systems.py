@@ -46,10 +46,10 @@ def make_pools(sizes, count, seed):
   }
 
 
-def make_model(workload, sizes, pool):
+def make_model(workload, sizes, pool, batched_cells=False):
   common = dict(vocabulary_size=sizes["vocabulary_size"],
                 embedding_size=sizes["embedding_size"],
-                hidden_size=sizes["hidden_size"])
+                hidden_size=sizes["hidden_size"], batched_cells=batched_cells)
   if workload == "tree_lstm":
     return training.WORKLOADS[workload].make_model(
         **common, num_classes=sizes["num_classes"],
@@ -62,13 +62,16 @@ def make_model(workload, sizes, pool):
 
 
 class Ours:
-  """A backend of tfp_autobatch running the `@tab.batch` models."""
+  """A backend of tfp_autobatch running the `@tab.batch` models; with
+  `batched_cells` (named `<backend>+batched_cells`), their cells are
+  `@tab.batched_primitive`s."""
 
-  def __init__(self, backend, sizes, pools):
-    self.name = backend
+  def __init__(self, backend, sizes, pools, batched_cells=False):
+    self.name = backend + ("+batched_cells" if batched_cells else "")
     self.backend = backend
     self.pools = pools
-    self.models = {w: make_model(w, sizes, p) for w, p in pools.items()}
+    self.models = {w: make_model(w, sizes, p, batched_cells)
+                   for w, p in pools.items()}
     self.optimizers = {w: tf.keras.optimizers.Adam(LEARNING_RATE)
                        for w in pools}
 

@@ -78,14 +78,17 @@ node_bias = tf.Variable(tf.concat([tf.zeros([HIDDEN]), tf.ones([2 * HIDDEN]), tf
 out_kernel = tf.Variable(init([HIDDEN, CLASSES]))
 weights = [embedding, leaf_kernel, node_kernel, node_bias, out_kernel]
 
+def vecmat(x, w):   # one example's x @ w (pfor makes it one 2-D matmul)
+    return tf.matmul(x[None, :], w)[0]
+
 def leaf(word):
     x = tf.gather(embedding.read_value(), word)
-    i, o, u = tf.split(tf.linalg.matvec(leaf_kernel, x, transpose_a=True), 3)
+    i, o, u = tf.split(vecmat(x, leaf_kernel), 3)
     c = tf.sigmoid(i) * tf.tanh(u)
     return tf.sigmoid(o) * tf.tanh(c), c
 
 def node(h_left, c_left, h_right, c_right):
-    gates = tf.linalg.matvec(node_kernel, tf.concat([h_left, h_right], 0), transpose_a=True) + node_bias
+    gates = vecmat(tf.concat([h_left, h_right], 0), node_kernel) + node_bias
     i, f_left, f_right, o, u = tf.split(gates, 5)
     c = tf.sigmoid(i) * tf.tanh(u) + tf.sigmoid(f_left) * c_left + tf.sigmoid(f_right) * c_right
     return tf.sigmoid(o) * tf.tanh(c), c
@@ -101,7 +104,7 @@ def node_state(left, right, words, n):
 @tab.batch(max_stack_depth=MAX_LEAVES + 1)
 def tree_logits(left, right, words, root):
     h, _ = node_state(left, right, words, root)
-    return tf.linalg.matvec(out_kernel, h, transpose_a=True)
+    return vecmat(h, out_kernel)
 
 args = (trees["left"], trees["right"], trees["words"], trees["root"])
 logits = tree_logits(*args)
@@ -124,7 +127,7 @@ A step is the gradient of the batch's mean loss with `tf.GradientTape`, then
 a Keras optimizer update. `pc:xla` compiles the whole batched program with
 XLA and has no gradient; `pc:graph` (one TensorFlow graph) and the local
 backends do."""),
-code("""optimizer = tf.keras.optimizers.Adam(0.05)
+code("""optimizer = tf.keras.optimizers.Adam(0.02)
 labels = trees["label"]
 
 def train_step(backend="pc:graph"):
