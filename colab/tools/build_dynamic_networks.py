@@ -148,27 +148,34 @@ md("""## 5. Throughput against DyNet
 (TreeLSTM, BiLSTM tagger, LSTM classifier, at the DyNet paper's sizes)
 against DyNet's on-the-fly batching (`pip install dynet38`: no batching,
 depth-based and agenda-based) and the per-example TF eager floor. The plot
-below reads its saved results (`benchmarks/results/neural.json`, measured on
-a loaded 2-core machine; see `docs/neural.md`); where the file is not at hand
-it times this notebook's small TreeLSTM alone."""),
-code("""path = os.path.join("..", "benchmarks", "results", "neural.json")
-if os.path.exists(path):
+below reads its saved results (`benchmarks/results/neural.json`, a sweep of
+batch sizes 1 to 256, where present, and `neural_b64.json`, batch 64; measured on
+a loaded 2-core machine, see `docs/neural.md`). `+batched_cells` marks the
+model with its cells as `@tab.batched_primitive`s. Where the files are not at
+hand it times this notebook's small TreeLSTM alone."""),
+code("""results = os.path.join("..", "benchmarks", "results")
+def records(name, mode):   # the TreeLSTM's records at one thread
+    path = os.path.join(results, name)
+    if not os.path.exists(path):
+        return []
     with open(path) as f:
-        result = json.load(f)
-    records = [r for r in result["records"]
-               if r["workload"] == "tree_lstm" and r["threads"] == 1]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, mode in zip(axes, ["inference", "training"]):
-        for system in sorted({r["system"] for r in records}):
-            rs = sorted((r for r in records if r["system"] == system and r["mode"] == mode),
-                        key=lambda r: r["batch_size"])
-            if rs:
-                ax.loglog([r["batch_size"] for r in rs], [r["examples_per_sec"] for r in rs],
-                          "o-", label=system, ms=3)
+        return [r for r in json.load(f)["records"] if r["workload"] == "tree_lstm"
+                and r["mode"] == mode and r["threads"] == 1]
+# The sweep over batch sizes (inference), and batch 64 alone (training).
+panels = [("inference", records("neural.json", "inference")
+                        or records("neural_b64.json", "inference")),
+          ("training", records("neural_b64.json", "training"))]
+if any(rs for _, rs in panels):
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, (mode, rs) in zip(axes, panels):
+        for system in sorted({r["system"] for r in rs}):
+            mine = sorted((r for r in rs if r["system"] == system), key=lambda r: r["batch_size"])
+            ax.loglog([r["batch_size"] for r in mine], [r["examples_per_sec"] for r in mine],
+                      "o-", label=system, ms=4)
         ax.set_title(f"TreeLSTM {mode}, 1 thread"); ax.set_xlabel("batch size")
-        ax.set_ylabel("trees / s"); ax.grid(alpha=.3)
-    axes[1].legend(fontsize=7); plt.show()
-else:
+        ax.set_ylabel("trees / s"); ax.grid(alpha=.3); ax.legend(fontsize=7)
+    plt.show()
+else:   # no saved results at hand: time this notebook's model alone
     sizes = [1, 4, 16] if SMALL else [1, 4, 16, 64]
     for backend in ["pc:xla", "pc:graph"]:
         rates = []
