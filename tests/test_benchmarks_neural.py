@@ -21,6 +21,7 @@ def test_benchmark_runs_and_reports(tmp_path):
   subprocess.run(
       [sys.executable, "-m", "benchmarks.neural", "--threads=1",
        "--workloads=rnn_classifier", "--backends=pc:graph",
+       "--cells=per_example,batched",
        "--batch_sizes=2", f"--dynet={dynet}", "--rounds=1",
        "--min_run_sec=0", "--embedding_size=4", "--hidden_size=4",
        "--vocabulary_size=20", "--pool_size=4", "--eager_cap=1",
@@ -28,8 +29,9 @@ def test_benchmark_runs_and_reports(tmp_path):
       cwd=ROOT, check=True, env=dict(os.environ, PYTHONPATH=ROOT))
   result = json.loads(output.read_text())
   systems = {(r["system"], r["mode"]) for r in result["records"]}
-  expected = {("pc:graph", "inference"), ("pc:graph", "training"),
-              ("tf_eager", "inference"), ("tf_eager", "training")}
+  expected = {(s, m) for s in ("pc:graph", "pc:graph+batched_cells",
+                                "tf_eager")
+              for m in ("inference", "training")}
   if dynet:
     expected |= {("dynet:agenda", "inference"), ("dynet:agenda", "training")}
   assert systems == expected
