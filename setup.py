@@ -6,9 +6,10 @@ setuptools.setup(
     version="0.1.0",
     description=("Program-counter autobatching of recursive, control-heavy "
                  "TensorFlow programs, and a batched recursive NUTS kernel."),
-    # `benchmarks` is not installed: it runs from a checkout
-    # (`python -m benchmarks.nuts` in the repository root), and a top-level
-    # package of that name in site-packages could shadow a user's own.
+    # `benchmarks` and `examples` are not installed: they run from a
+    # checkout (`python -m benchmarks.nuts` in the repository root), and
+    # top-level packages of those names in site-packages could shadow a
+    # user's own.
     packages=setuptools.find_packages(include=["tfp_autobatch*", "nuts*"]),
     python_requires=">=3.10",
     install_requires=[
@@ -28,5 +29,7 @@ setuptools.setup(
         "bench": ["matplotlib>=3.8", "tqdm>=4.66"],
         # Stan's NUTS as a peer in benchmarks/nuts.py (needs a C++ compiler).
         "stan": ["pystan>=3.10"],
+        # DyNet's on-the-fly batching as a peer in benchmarks/neural.py.
+        "dynet": ["dynet38"],
     },
 )

@@ -19,7 +19,8 @@ def _code_cells(notebook):
 
 def test_there_are_notebooks():
   assert sorted(p.name for p in NOTEBOOKS) == [
-      "autobatching_tutorial.ipynb", "nuts_tutorial.ipynb"]
+      "autobatching_tutorial.ipynb", "dynamic_networks.ipynb",
+      "nuts_tutorial.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
