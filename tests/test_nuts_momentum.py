@@ -105,7 +105,6 @@ def test_a_new_mass_matrix_does_not_rebuild_the_program():
   assert len(traces) == traced
 
 
-@pytest.mark.nightly
 def test_diagonal_mass_matrix_adaptation_learns_the_scales():
   """DiagonalMassMatrixAdaptation around step-size adaptation around our
   kernel, unchanged: the adapted momentum precision (the inverse mass)
@@ -133,6 +132,8 @@ def test_diagonal_mass_matrix_adaptation_learns_the_scales():
 
   draws, precision = run()
   ratio = precision.numpy()[-1].mean(0) / SCALES ** 2
-  assert np.all((ratio > 0.3) & (ratio < 3.)), ratio
+  # The initial running variance (1, with the weight of one draw) stays in
+  # the estimate: about 1 / 3200 in it, a few times the smallest variance.
+  assert np.all((ratio > 0.3) & (ratio < 5.)), ratio
   sd = draws.numpy().reshape(-1, 5).std(0) / SCALES
   assert np.all((sd > 0.7) & (sd < 1.3)), sd
