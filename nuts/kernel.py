@@ -34,6 +34,7 @@ from nuts import chain_states
 from nuts import programs
 from nuts import random as nuts_random
 from nuts import target_checks
+from nuts import trajectory_draws
 from nuts import tree
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.runtime import _tf_private
@@ -67,6 +68,11 @@ NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
     # chains x batched leaf calls, an upper bound, on the local ones.
     "num_grads_computed",     # [] int32
     "gradient_utilization",   # [] float
+    # Every trajectory's draw of the step, in order, as the state's
+    # structure with a leading axis of num_trajectories_per_step (the last
+    # is the new state): fusion does not thin the chain. How to trace them
+    # with `sample_chain` and read them in ArviZ: `nuts/trajectory_draws.py`.
+    "trajectory_states",
 ])
 
 
@@ -357,7 +363,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
             logp.dtype),
         seed=tf.zeros([2], tf.int32),
         num_grads_computed=tf.constant(0, tf.int32),
-        gradient_utilization=tf.constant(1., logp.dtype))
+        gradient_utilization=tf.constant(1., logp.dtype),
+        trajectory_states=self._structured(init_state, trajectory_draws.initial(
+            parts, self.num_trajectories_per_step)))
 
   @tf.autograph.experimental.do_not_convert
   def one_step(self, current_state, previous_kernel_results, seed=None):
@@ -553,10 +561,18 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         seed=seed,
         num_grads_computed=computed,
         gradient_utilization=tf.cast(useful, dtype) / tf.cast(
-            tf.maximum(computed, 1), dtype))
-    new_state = (tf.nest.pack_sequence_as(current_state, new_parts)
-                 if is_list else new_parts[0])
-    return new_state, new_results
+            tf.maximum(computed, 1), dtype),
+        trajectory_states=self._structured(
+            current_state, trajectory_draws.from_flat(
+                out.trajectory_q, sizes, chain_shape, event_shapes)))
+    return self._structured(current_state, new_parts), new_results
+
+  @staticmethod
+  def _structured(state, parts):
+    """`parts` in the structure of `state` (one tensor, or its list)."""
+    if isinstance(state, (list, tuple)):
+      return tf.nest.pack_sequence_as(state, parts)
+    return parts[0]
 
 
 # The kernel whose `_shared_step` runs now: its compiled step, shared by
