@@ -103,7 +103,8 @@ def run_cell(model, num_chains):
           max_tree_depth=FLAGS.max_tree_depth, num_trajectories_per_step=k,
           target_accept_prob=FLAGS.target_accept_prob)
       numbers = ess_report.metrics(
-          result, model.to_truth(result.draws).numpy(), model.truth_mean)
+          result, model.to_truth(result.draws).numpy(), model.truth_mean,
+          model.truth_mcse)
       rounds[(system, k)].append(numbers)
       print(f"  {model.name} {num_chains} chains round {round_index}: "
             f"{_label(system, k)}: first call {numbers['first_call_s']:.1f}"

@@ -35,6 +35,8 @@ Model = collections.namedtuple("Model", [
     "to_truth",          # [..., d] unconstrained -> [..., m] quantities
     "truth_mean",        # [m] posterior means of the quantities
     "truth_sd",          # [m] their posterior standard deviations
+    "truth_mcse",        # [m] the standard errors of `truth_mean` (0 if
+                         # exact)
     "step_size",         # the kernels' initial step size (adaptation
                          # moves it)
     "description",       # one line, for reports
@@ -117,6 +119,8 @@ def _gym_model(name):
                np.asarray(identity.ground_truth_mean, np.float64),
                np.asarray(identity.ground_truth_standard_deviation,
                           np.float64),
+               np.asarray(identity.ground_truth_mean_standard_error,
+                          np.float64),
                0.1, f"Inference Gym {class_name}: {what}")
 
 
@@ -130,6 +134,7 @@ def _correlated_gaussian():
   cov = (rotation * scales**2) @ rotation.T
   return Model("correlated_gaussian", 100, problem.target_log_prob,
                tf.identity, np.zeros(100), np.sqrt(np.diag(cov)),
+               np.zeros(100),
                problem.step_size, problem.description + " (exact truth)")
 
 
@@ -140,8 +145,9 @@ def _logistic_regression():
     with open(path) as f:
       truth = json.load(f)
     mean, sd = np.array(truth["mean"]), np.array(truth["sd"])
+    mcse = np.array(truth["mcse_mean"])
   else:   # while the long run that makes it runs
-    mean = sd = None
+    mean = sd = mcse = None
   return Model("logistic_regression", 100, problem.target_log_prob,
-               tf.identity, mean, sd, problem.step_size,
+               tf.identity, mean, sd, mcse, problem.step_size,
                problem.description + " (truth: a long run)")

@@ -8,7 +8,8 @@ smallest of all of them (bulk and tail, every coordinate),
 rank-normalised split R-hat; the divergences and leapfrogs per draw (per
 trajectory, for fused steps); and `max_error_mcse`, the largest
 |mean - ground truth| over coordinates in units of its Monte Carlo
-standard error (ArviZ's MCSE of the mean): a correct sampler gives values
+standard error (ArviZ's MCSE of the mean, combined with the ground
+truth's own standard error): a correct sampler gives values
 that a max of that many |N(0, 1)| gives (about 3 for 100 coordinates).
 Per cell (model, chains, system), `aggregate` takes every number's median
 over the rounds.
@@ -23,9 +24,10 @@ ROUND_FIELDS = ("first_call_s", "compile_s", "warmup_s", "sampling_s",
                 "step_size")
 
 
-def metrics(run, truth_draws, truth_mean):
+def metrics(run, truth_draws, truth_mean, truth_mcse):
   """The measurements of one run (`ess_harness.RunResult`), its draws
-  mapped to the truth's quantities ([chains, draws, m])."""
+  mapped to the truth's quantities ([chains, draws, m]); the truth's own
+  standard errors `truth_mcse` join the run's in the error's unit."""
   data = arviz.convert_to_dataset(np.asarray(truth_draws, np.float64))
   bulk = arviz.ess(data, method="bulk")["x"].values
   tail = arviz.ess(data, method="tail")["x"].values
@@ -47,7 +49,8 @@ def metrics(run, truth_draws, truth_mean):
       "max_error_mcse": None, "step_size": run.step_size,
   }
   if truth_mean is not None:
-    mcse = arviz.mcse(data, method="mean")["x"].values
+    mcse = np.hypot(arviz.mcse(data, method="mean")["x"].values,
+                    truth_mcse)
     error = np.abs(np.mean(truth_draws, (0, 1)) - truth_mean)
     with np.errstate(divide="ignore", invalid="ignore"):
       out["max_error_mcse"] = float(np.max(error / mcse))
