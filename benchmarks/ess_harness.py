@@ -18,6 +18,10 @@ once, apart):
    `num_trajectories_per_step` = k > 1, all k draws of each step, from
    `trajectory_states`), with the leapfrogs and divergences of each step.
 
+A fused step (k > 1) is k trajectories, so a fused run takes k times the
+warm-up and sampling trajectories of an unfused one with the same steps;
+its ESS/s counts all of its draws over its sampling seconds.
+
 Each run builds its own target closure and functions, so no run reuses
 another's traces or compilations (our kernel shares programs by target
 identity; TensorFlow by function).
