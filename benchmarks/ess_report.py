@@ -70,6 +70,10 @@ def _fmt(value, spec):
   return "-" if value is None else format(value, spec)
 
 
+def _times(ratio):
+  return "-" if ratio is None else f"{ratio:.2f}x"
+
+
 def format_table(records):
   """Markdown table of the records (one per model, chains and system), with
   ours against TFP's on min-ESS/s and first call."""
@@ -94,8 +98,8 @@ def format_table(records):
         f"| {r['model']} | {r['num_chains']} | {r['label']} | "
         f"{_fmt(m['first_call_s'], '.1f')} | {_fmt(m['warmup_s'], '.2f')} | "
         f"{_fmt(m['sampling_s'], '.2f')} | {_fmt(m['min_ess_per_s'], '.1f')} "
-        f"| {_fmt(m['median_ess_per_s'], '.1f')} | {_fmt(ratio, '.2f')}x | "
-        f"{_fmt(first, '.2f')}x | {_fmt(m['max_rhat'], '.3f')} | "
+        f"| {_fmt(m['median_ess_per_s'], '.1f')} | {_times(ratio)} | "
+        f"{_times(first)} | {_fmt(m['max_rhat'], '.3f')} | "
         f"{_fmt(m['divergences'], '.0f')} | "
         f"{_fmt(m['leapfrogs_per_draw'], '.1f')} | "
         f"{_fmt(m['max_error_mcse'], '.1f')} |")
