@@ -35,6 +35,7 @@ from nuts import momentum
 from nuts import shared_programs
 from nuts import random as nuts_random
 from nuts import target_checks
+from nuts import trajectory_draws
 from nuts import tree
 
 __all__ = ["NoUTurnSampler", "NUTSKernelResults"]
@@ -71,6 +72,11 @@ NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
     # chains x batched leaf calls, an upper bound, on the local ones.
     "num_grads_computed",     # [] int32
     "gradient_utilization",   # [] float
+    # Every trajectory's draw of the step, in order, as the state's
+    # structure with a leading axis of num_trajectories_per_step (the last
+    # is the new state): fusion does not thin the chain. How to trace them
+    # with `sample_chain` and read them in ArviZ: `nuts/trajectory_draws.py`.
+    "trajectory_states",
 ])
 
 
@@ -396,7 +402,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         momentum_distribution=metric,
         seed=tf.zeros([2], tf.int32),
         num_grads_computed=tf.constant(0, tf.int32),
-        gradient_utilization=tf.constant(1., logp.dtype))
+        gradient_utilization=tf.constant(1., logp.dtype),
+        trajectory_states=structure.pack(trajectory_draws.initial(
+            parts, self.num_trajectories_per_step)))
 
   @tf.autograph.experimental.do_not_convert
   def one_step(self, current_state, previous_kernel_results, seed=None):
@@ -572,9 +580,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       return tf.reshape(x, chain_shape)
 
     out_q, out_grad = out.q, out.grad
+    trajectory_q = out.trajectory_q   # [chains, k, d]
     if metric is not momentum.DIAGONAL:
       dim = sum(sizes)
       out_q = tf.linalg.matvec(lower, out_q[:, :dim])
+      trajectory_q = tf.linalg.matvec(lower[:, tf.newaxis],
+                                      trajectory_q[:, :, :dim])
       out_grad = tf.linalg.triangular_solve(
           lower, out_grad[:, :dim, tf.newaxis], lower=True, adjoint=True)[
               ..., 0]
@@ -612,7 +623,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         seed=seed,
         num_grads_computed=computed,
         gradient_utilization=tf.cast(useful, dtype) / tf.cast(
-            tf.maximum(computed, 1), dtype))
+            tf.maximum(computed, 1), dtype),
+        trajectory_states=structure.pack(trajectory_draws.from_flat(
+            trajectory_q, sizes, chain_shape, event_shapes)))
     return structure.pack(new_parts), new_results
 
 

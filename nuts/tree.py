@@ -79,6 +79,8 @@ StepResult = collections.namedtuple("StepResult", [
     "is_accepted",        # of the last trajectory
     "divergent",          # in any trajectory
     "reach_max_depth",    # in any trajectory
+    "trajectory_q",       # [num_trajectories, d]: each trajectory's
+                          # sampled state, in order (the last is `q`)
 ])
 
 
@@ -305,6 +307,10 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
     divergent = tf.constant(False)
     reach_max_depth = tf.constant(False)
     t = trajectory(q, logp, grad, step, seed, tf.constant(0, tf.int32))
+    # Every trajectory's draw is kept (fusion must not thin the chain):
+    # row i is written when trajectory i ends.
+    rows = tf.range(num_trajectories)[:, tf.newaxis]
+    trajectory_q = tf.where(rows == 0, t.q, tf.zeros_like(t.q))
     for i in range(1, num_trajectories):
       accept_mean_sum = accept_mean_sum + mean_accept(
           t.accept_sum, t.num_leapfrogs, unrolled_leapfrog_steps)
@@ -312,12 +318,13 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
       divergent = divergent or t.divergent
       reach_max_depth = reach_max_depth or t.reach_max_depth
       t = trajectory(t.q, t.logp, t.grad, step, seed, i)
+      trajectory_q = tf.where(rows == i, t.q, trajectory_q)
     accept_mean_sum = accept_mean_sum + mean_accept(
         t.accept_sum, t.num_leapfrogs, unrolled_leapfrog_steps)
     return StepResult(t.q, t.logp, t.grad, t.energy,
                       tf.math.log(accept_mean_sum / num_trajectories),
                       num_leapfrogs + t.num_leapfrogs, t.is_accepted,
                       divergent or t.divergent,
-                      reach_max_depth or t.reach_max_depth)
+                      reach_max_depth or t.reach_max_depth, trajectory_q)
 
   return nuts_steps, trajectory, build_tree, leaf

@@ -1,0 +1,174 @@
+r"""Benchmark in the user's metric: effective samples per second, ours against
+`tfp.mcmc.NoUTurnSampler`, on models with ground truth.
+
+  python -m benchmarks.ess                       # every model, 1-256 chains
+  python -m benchmarks.ess --models=eight_schools,item_response \
+      --chains=4,64 --num_warmup=200 --num_draws=200 --rounds=3 \
+      --output=benchmarks/results/ess_small.json \
+      --plot=benchmarks/results/ess_small.png
+  python -m benchmarks.ess --num_trajectories_per_step=1,4   # fusion A/B
+  python -m benchmarks.ess --quick               # a tiny run (tests)
+  python -m benchmarks.ess --from_json=benchmarks/results/ess.json \
+      --plot=benchmarks/results/ess.png          # re-plot, no run
+
+Models (`benchmarks/ess_models.py`): six from TFP's Inference Gym and the
+paper's logistic regression and 100-d correlated Gaussian, each a flat
+unconstrained target with ground-truth posterior means and standard
+deviations. Every system runs through one harness
+(`benchmarks/ess_harness.py`: `sample_chain` with dual averaging inside
+`tf.function(jit_compile=True)`), from the same starts (uniform(-2, 2) in
+the unconstrained space, as Stan) and seeds. Per model and number of chains,
+each round runs every system in turn (`tfp` first), so that a slow stretch
+of the machine falls on all of them; each number of the table is the median
+over the rounds (`benchmarks/ess_report.py` defines them). Each run
+compiles afresh: first-call seconds are measured every round.
+
+`--compile_cache_dir=DIR` turns on TensorFlow's persistent XLA compilation
+cache there (see docs/compile_cache.md), so that a second process reuses
+the first's XLA compilations.
+"""
+import json
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from benchmarks import ess_harness
+from benchmarks import ess_models
+from benchmarks import ess_report
+from benchmarks import machine as machine_lib
+
+flags.DEFINE_list("models", list(ess_models.MODELS),
+                  f"models, of: {', '.join(ess_models.MODELS)}")
+flags.DEFINE_list("chains", ["1", "4", "16", "64", "256"],
+                  "numbers of chains")
+flags.DEFINE_list("systems", [ess_harness.TFP, "pc:xla"],
+                  "'tfp' (tfp.mcmc.NoUTurnSampler) and our backends "
+                  "(nuts.NoUTurnSampler's `backend`: pc:xla, pc:graph)")
+flags.DEFINE_list("num_trajectories_per_step", ["1"],
+                  "trajectory fusion settings of our kernel (each a run; "
+                  "all k draws of a step are kept)")
+flags.DEFINE_integer("num_warmup", 500, "warm-up steps (step-size adaptation)")
+flags.DEFINE_integer("num_draws", 500, "kept steps per chain")
+flags.DEFINE_integer("steps_per_call", 50,
+                     "steps per call of the compiled sample_chain (must "
+                     "divide --num_warmup and --num_draws)")
+flags.DEFINE_integer("rounds", 3, "rounds per cell; the median is reported")
+flags.DEFINE_integer("max_tree_depth", 10, "NUTS max tree depth")
+flags.DEFINE_float("target_accept_prob", 0.8, "dual averaging's target")
+flags.DEFINE_integer("seed", 0, "seed of the starts and the chains")
+flags.DEFINE_string("output", "benchmarks/results/ess.json", "JSON output")
+flags.DEFINE_string("plot", "benchmarks/results/ess.png",
+                    "plot path ('' for none)")
+flags.DEFINE_string("from_json", None, "re-plot and print this JSON, no run")
+flags.DEFINE_string("compile_cache_dir", None,
+                    "TensorFlow's persistent XLA compilation cache folder")
+flags.DEFINE_bool("quick", False,
+                  "a tiny run (eight_schools, 2 chains, 20 + 20 steps, 1 "
+                  "round) for flags not given")
+FLAGS = flags.FLAGS
+
+QUICK = {"models": ["eight_schools"], "chains": ["2"], "num_warmup": 20,
+         "num_draws": 20, "steps_per_call": 10, "rounds": 1}
+
+
+def _label(system, k):
+  if system == ess_harness.TFP:
+    return "tfp.mcmc.NoUTurnSampler"
+  return system if k == 1 else f"{system} k={k}"
+
+
+def _configurations():
+  """(system, k) in run order: TFP's kernel first."""
+  out = []
+  for system in FLAGS.systems:
+    for k in ([1] if system == ess_harness.TFP
+              else [int(k) for k in FLAGS.num_trajectories_per_step]):
+      out.append((system, k))
+  return sorted(out, key=lambda c: c[0] != ess_harness.TFP)
+
+
+def run_cell(model, num_chains):
+  """Every system's records for one model and number of chains."""
+  init = ess_models.initial_state(model, num_chains, FLAGS.seed)
+  rounds = {c: [] for c in _configurations()}
+  for round_index in range(FLAGS.rounds):
+    for system, k in rounds:
+      result = ess_harness.run(
+          system, model, init, num_warmup=FLAGS.num_warmup,
+          num_draws=FLAGS.num_draws, steps_per_call=FLAGS.steps_per_call,
+          seed=FLAGS.seed, round_index=round_index,
+          max_tree_depth=FLAGS.max_tree_depth, num_trajectories_per_step=k,
+          target_accept_prob=FLAGS.target_accept_prob)
+      numbers = ess_report.metrics(
+          result, model.to_truth(result.draws).numpy(), model.truth_mean,
+          model.truth_mcse)
+      rounds[(system, k)].append(numbers)
+      print(f"  {model.name} {num_chains} chains round {round_index}: "
+            f"{_label(system, k)}: first call {numbers['first_call_s']:.1f}"
+            f" s, sampling {numbers['sampling_s']:.2f} s, min ESS/s "
+            f"{numbers['min_ess_per_s']:.1f}, R-hat "
+            f"{numbers['max_rhat']:.3f}", flush=True)
+  return [{"model": model.name, "description": model.description,
+           "num_dims": model.num_dims, "num_chains": num_chains,
+           "system": system, "num_trajectories_per_step": k,
+           "label": _label(system, k), "rounds": per_round,
+           "median": ess_report.aggregate(per_round)}
+          for (system, k), per_round in rounds.items()]
+
+
+def _settings():
+  return {name: FLAGS[name].value for name in (
+      "models", "chains", "systems", "num_trajectories_per_step",
+      "num_warmup", "num_draws", "steps_per_call", "rounds",
+      "max_tree_depth", "target_accept_prob", "seed", "compile_cache_dir")}
+
+
+def _write(payload):
+  if FLAGS.output:
+    os.makedirs(os.path.dirname(FLAGS.output) or ".", exist_ok=True)
+    with open(FLAGS.output, "w") as f:
+      json.dump(payload, f, indent=1)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if FLAGS.from_json:
+    with open(FLAGS.from_json) as f:
+      payload = json.load(f)
+  else:
+    if FLAGS.quick:
+      for name, value in QUICK.items():
+        if not FLAGS[name].present:
+          FLAGS[name].value = value
+    if FLAGS.compile_cache_dir:
+      os.environ["TF_XLA_FLAGS"] = (
+          os.environ.get("TF_XLA_FLAGS", "") +
+          f" --tf_xla_persistent_cache_directory={FLAGS.compile_cache_dir}")
+    unknown = set(FLAGS.models) - set(ess_models.MODELS)
+    if unknown:
+      raise app.UsageError(f"unknown models {sorted(unknown)}; models: "
+                           f"{', '.join(ess_models.MODELS)}")
+    began = time.monotonic()
+    payload = {"command": "python -m benchmarks.ess " + " ".join(argv[1:] or
+                                                                 sys.argv[1:]),
+               "settings": _settings(),
+               "machine": machine_lib.machine_info(), "records": []}
+    for name in FLAGS.models:
+      model = ess_models.make_model(name)
+      print(f"{name}: {model.description}", flush=True)
+      for num_chains in (int(c) for c in FLAGS.chains):
+        payload["records"] += run_cell(model, num_chains)
+        payload["elapsed_s"] = time.monotonic() - began
+        _write(payload)
+  print(ess_report.format_table(payload["records"]))
+  if FLAGS.plot:
+    ess_report.plot(payload["records"], FLAGS.plot)
+    print(f"plot: {FLAGS.plot}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,87 @@
+"""Smoke tests of the ESS benchmark (`python -m benchmarks.ess`) at tiny size.
+
+No timing or speed is asserted: that it runs both systems through one
+harness and writes every field; that the models evaluate and carry ground
+truth; and that the measurements are right on draws with known answers.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks import ess_harness
+from benchmarks import ess_models
+from benchmarks import ess_report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow   # XLA compiles both kernels: ~30 s on 2 idle cores
+def test_tiny_benchmark_writes_every_field(tmp_path):
+  output, plot = tmp_path / "ess.json", tmp_path / "ess.png"
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  subprocess.run(
+      [sys.executable, "-m", "benchmarks.ess", "--quick",
+       "--models=correlated_gaussian", "--num_warmup=10", "--num_draws=10",
+       "--max_tree_depth=4", f"--output={output}", f"--plot={plot}"],
+      cwd=ROOT, env=env, check=True, timeout=600)
+  payload = json.loads(output.read_text())
+  assert payload["settings"]["chains"] == ["2"]
+  records = payload["records"]
+  assert [r["system"] for r in records] == ["tfp", "pc:xla"]
+  for record in records:
+    assert record["num_chains"] == 2 and record["model"] == (
+        "correlated_gaussian")
+    assert len(record["rounds"]) == 1
+    median = record["median"]
+    assert set(median) == set(ess_report.ROUND_FIELDS)
+    for field in ("first_call_s", "warmup_s", "sampling_s", "min_ess_bulk",
+                  "min_ess_per_s", "median_ess_per_s", "max_rhat",
+                  "leapfrogs_per_draw", "max_error_mcse", "step_size"):
+      assert median[field] > 0, field
+    assert median["divergences"] >= 0
+  assert plot.stat().st_size > 0
+
+
+def test_every_model_has_a_finite_target_and_ground_truth():
+  for name in ("eight_schools", "correlated_gaussian"):
+    model = ess_models.make_model(name)
+    init = ess_models.initial_state(model, 3, 0)
+    assert init.shape == (3, model.num_dims) and np.all(np.abs(init) <= 2)
+    np.testing.assert_array_equal(init, ess_models.initial_state(model, 3, 0))
+    log_prob = model.target_log_prob(tf.constant(init))
+    assert log_prob.shape == (3,) and np.all(np.isfinite(log_prob))
+    truth = model.to_truth(tf.constant(init)).numpy()
+    assert truth.shape[-1] == model.truth_mean.shape[0]
+    assert model.truth_sd.shape == model.truth_mean.shape
+    assert np.all(model.truth_sd > 0)
+  assert set(ess_models.GYM_MODELS) <= set(ess_models.MODELS)
+  assert len(ess_models.GYM_MODELS) >= 6
+
+
+def test_metrics_of_independent_draws_with_known_answers():
+  rng = np.random.default_rng(0)
+  chains, draws, dims = 4, 500, 3
+  truth = rng.standard_normal((chains, draws, dims))
+  run = ess_harness.RunResult(
+      first_call_s=3., repeat_s=1., warmup_s=1., sampling_s=2.,
+      draws=truth, leapfrogs=np.full((draws, chains), 7),
+      divergences=np.zeros((draws, chains), bool), step_size=0.5)
+  numbers = ess_report.metrics(run, truth, np.zeros(dims), np.zeros(dims))
+  # Independent draws: ESS near chains * draws (2000), so ESS/s near 1000.
+  assert 1500 < numbers["min_ess_bulk"] <= numbers["median_ess_bulk"] < 2600
+  assert numbers["median_ess_per_s"] == pytest.approx(
+      numbers["median_ess_bulk"] / 2.)
+  assert numbers["compile_s"] == 2. and numbers["leapfrogs_per_draw"] == 7.
+  assert numbers["max_rhat"] < 1.01
+  # Three |N(0, 1)|: above 4.5 with probability < 3e-5.
+  assert numbers["max_error_mcse"] < 4.5
+  shifted = ess_report.metrics(run, truth, np.full(dims, 0.5), np.zeros(dims))
+  assert shifted["max_error_mcse"] > 10
+  assert ess_report.aggregate([numbers, shifted])["max_error_mcse"] == (
+      pytest.approx((numbers["max_error_mcse"] + shifted["max_error_mcse"])
+                    / 2))
