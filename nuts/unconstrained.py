@@ -79,7 +79,10 @@ class UnconstrainedModel:
   def target_log_prob(self, *parts):
     """The pinned model's unnormalised log density over flat unconstrained
     parts, with the Jacobian of the constraining map."""
-    parts = list(parts)
+    # Fresh tensors: the bijectors cache what they returned, and the log
+    # density of a state `to_unconstrained` gave would be read from that
+    # cache, without a gradient.
+    parts = [tf.identity(x) for x in parts]
     return (self.pinned.unnormalized_log_prob(self.bijector.inverse(parts))
             + self.bijector.inverse_log_det_jacobian(
                 parts, event_ndims=[1] * self.num_parts))

@@ -257,7 +257,9 @@ def test_progress_bar_and_ctrl_c_keep_the_draws(monkeypatch, capsys):
   assert trace["diverging"].shape == [10, 2]
   bars = capsys.readouterr().err
   assert "warm-up" in bars and "sampling" in bars
-  assert calls.count("warm-up") == 4   # 20 warm-up steps, chunks of 5
+  # 20 warm-up steps: windows of 3, 15 and 2 (15%, 75%, 10%), in chunks
+  # of at most 5.
+  assert calls.count("warm-up") == 5
 
 
 def test_no_bar_off_a_terminal(monkeypatch):
