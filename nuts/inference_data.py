@@ -23,6 +23,9 @@ SAMPLE_STATS_NAMES = {
     "accept_ratio": "acceptance_rate",
     "target_log_prob": "lp",
     "is_accepted": "is_accepted",
+    # A trace that uses ArviZ's names already.
+    "acceptance_rate": "acceptance_rate",
+    "lp": "lp",
 }
 
 
