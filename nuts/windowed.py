@@ -71,6 +71,9 @@ def default_nuts_trace_fn(state, bijector, is_adapting, pkr):
   }
 
 
+# The windows are a Python loop over Python ints; AutoGraph (a caller's
+# `tf.function`) has nothing to convert here.
+@tf.autograph.experimental.do_not_convert
 def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
                            num_adaptation_steps=500, current_state=None,
                            init_step_size=None, dual_averaging_kwargs=None,
