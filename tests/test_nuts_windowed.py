@@ -4,6 +4,8 @@ window schedule, the flat unconstrained parts of a pinned model, the step
 size heuristic, the progress bar and Ctrl-C. Runs are few and short (every
 call converts and compiles the NUTS program for its model); the statistical
 checks from rough starts are nightly (`test_nuts_warmup_statistics.py`)."""
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -267,3 +269,16 @@ def test_no_bar_off_a_terminal(monkeypatch):
   assert not progress.show_progress(None)
   assert progress.show_progress(True)
   assert progress.chunk_lengths(60, 25) == [25, 25, 10]
+
+
+def test_signature_is_tfps_plus_ours():
+  ours = inspect.signature(nuts.windowed_adaptive_nuts).parameters
+  theirs = inspect.signature(
+      tfp.experimental.mcmc.windowed_adaptive_nuts).parameters
+  for name, p in theirs.items():
+    assert name in ours, name
+    assert ours[name].kind == p.kind, name
+    if name != "trace_fn" and p.default is not inspect.Parameter.empty:
+      assert ours[name].default == p.default, name
+  assert [n for n in ours if n not in theirs] == ["backend", "progress_bar",
+                                                  "chunk_size"]
