@@ -8,6 +8,7 @@ the last one stretched to the end), and a fast final window that adapts
 the step size to the last metric (50 steps). Dual averaging restarts in
 each window, from a step size found again for the new metric.
 """
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
@@ -73,13 +74,20 @@ def regularized_variance(draws, chain_ndims):
 
   Within-chain variances averaged over the chains: chains still apart
   after a short window do not inflate it, and every chain's draws count.
-  Shrunk towards 1e-3 as Stan's is, with weight 5 / (n + 5) for n draws per
-  chain, so that a short window cannot give a degenerate metric.
+  Shrunk as Stan's is, with weight 5 / (n + 5) for n draws per chain, so
+  that a short window cannot give a degenerate metric; but towards 1e-3
+  times the part's geometric-mean variance, not towards Stan's absolute
+  1e-3, which would dwarf the variance of a parameter of scale 1e-3 (a
+  regression coefficient on covariates of scale 100) and leave its metric
+  several times too wide.
   """
   n = tf.cast(tf.shape(draws)[0], draws.dtype)
   variance = tf.reduce_mean(tf.math.reduce_variance(draws, axis=0),
                             axis=list(range(chain_ndims)))
-  return (n / (n + 5.)) * variance + 1e-3 * (5. / (n + 5.))
+  tiny = tf.constant(np.finfo(draws.dtype.as_numpy_dtype).tiny, draws.dtype)
+  scale = tf.exp(tf.reduce_mean(tf.math.log(variance + tiny), -1,
+                                keepdims=True))
+  return (n / (n + 5.)) * variance + 1e-3 * scale * (5. / (n + 5.))
 
 
 def momentum_distribution(precisions, state_parts):

@@ -85,13 +85,17 @@ def test_negative_adaptation_steps_raise():
 
 def test_regularized_variance_averages_within_chain_variances():
   # Two chains far apart: their own variances (1 and 4), not the spread
-  # between them, shrunk by n / (n + 5) towards 1e-3.
+  # between them, shrunk by n / (n + 5) towards 1e-3 of the part's scale.
   rng = np.random.default_rng(0)
   a = rng.standard_normal(4000)
-  draws = np.stack([a / a.std(), 100. + 2. * a / a.std()], 1)[..., None]
-  v = warmup_schedule.regularized_variance(tf.constant(draws), 1).numpy()
+  a = (a - a.mean()) / a.std()
+  draws = np.stack([a, 100. + 2. * a], 1)[..., None]
   n = 4000.
-  assert v == pytest.approx([(n / (n + 5.)) * 2.5 + 1e-3 * 5. / (n + 5.)])
+  for scale in (1., 1e-6):   # the same, relatively, at any scale
+    v = warmup_schedule.regularized_variance(
+        tf.constant(draws * scale), 1).numpy()
+    assert v == pytest.approx([2.5 * scale ** 2 * (n + 1e-3 * 5.)
+                               / (n + 5.)], rel=1e-9)
 
 
 def test_reasonable_step_size_scales_with_the_metric():
