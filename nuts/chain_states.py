@@ -5,28 +5,23 @@ error."""
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["as_parts", "layout", "check_log_density", "check_finite_start",
+from nuts import state_structure
+
+__all__ = ["as_parts", "layout", "check_chain_rank", "check_log_density", "check_finite_start",
            "broadcast_step_size", "check_step_size"]
 
 
-def as_parts(state):
-  """`(parts, is_list)`: the state's parts as tensors, and whether it was
-  a list, tuple or namedtuple of them (one tensor otherwise)."""
-  is_list = isinstance(state, (list, tuple))
-  parts = [tf.convert_to_tensor(s) for s in (state if is_list else [state])]
-  for p in parts:
-    if not p.dtype.is_floating:
-      raise TypeError(f"NUTS states must be floating point, got {p.dtype.name}")
-  return parts, is_list
+as_parts = state_structure.as_parts
 
 
-def layout(parts, is_list, kernel_results):
+def layout(parts, structure, kernel_results, metric=None):
   """`(chain_ndims, layout)`: the chain dimensions (the rank of the
   results' `target_log_prob`) and the state layout the NUTS program is
-  built for (per-chain part shapes, list or single tensor)."""
-  chain_ndims = kernel_results.target_log_prob.shape.rank
-  if chain_ndims is None:
-    raise ValueError("the rank of target_log_prob must be known")
+  built for (per-chain part shapes, the state's `StateStructure`, and the
+  metric kind the program is built for: None for a diagonal one, which
+  is a step size per coordinate, or "dense", see `nuts/momentum.py`)."""
+  chain_ndims = check_chain_rank(kernel_results.target_log_prob)
+
   dtype = parts[0].dtype
   for p in parts:
     if p.dtype != dtype:
@@ -42,7 +37,21 @@ def layout(parts, is_list, kernel_results):
           "input_signature those dimensions, e.g. [None, 3]")
   event_shapes = tuple(tuple(int(d) for d in p.shape[chain_ndims:])
                        for p in parts)
-  return chain_ndims, (event_shapes, is_list)
+  return chain_ndims, (event_shapes, structure, metric)
+
+
+def check_chain_rank(logp):
+  """The number of chain dimensions, the rank of the log density; raises
+  a ValueError saying what to do where it is unknown."""
+  if logp.shape.rank is None:
+    raise ValueError(
+        "the rank of target_log_prob_fn's result, the number of chain "
+        "dimensions, is unknown where the kernel is traced (a state of "
+        "unknown shape, such as tf.compat.v1.placeholder_with_default(x, "
+        "shape=None)): the NUTS program is built for the per-chain shapes "
+        "of the state; give the state its rank and event shape, e.g. "
+        "placeholder_with_default(x, shape=[None, 3])")
+  return logp.shape.rank
 
 
 def check_log_density(logp, parts):
@@ -73,14 +82,15 @@ def check_finite_start(logp):
   (InvalidArgumentError when it runs), which XLA drops under
   `jit_compile=True`, where nothing can raise."""
   if not tf.executing_eagerly():
-    if logp.shape.rank == 0:   # one chain, no chain dimension
-      logp = logp[tf.newaxis]
-    finite = tf.math.is_finite(logp)
+    # Flat, so that a log density of unknown rank (a state fed through
+    # `placeholder_with_default` without a shape) is checked too.
+    finite = tf.math.is_finite(tf.reshape(logp, [-1]))
     tf.debugging.Assert(
         tf.reduce_all(finite),
         ["target_log_prob_fn is not finite at the initial state of the "
-         "chains with these indices; start them inside the support:",
-         tf.where(~finite), "values:", tf.boolean_mask(logp, ~finite)],
+         "chains with these (flat) indices; start them inside the support:",
+         tf.where(~finite), "values:",
+         tf.boolean_mask(tf.reshape(logp, [-1]), ~finite)],
         summarize=10, name="check_finite_start")
     return
   bad = ~np.isfinite(np.asarray(logp))

@@ -31,6 +31,7 @@ import tensorflow_probability as tfp
 
 import tfp_autobatch as tab
 from nuts import chain_states
+from nuts import momentum
 from nuts import programs
 from nuts import random as nuts_random
 from nuts import target_checks
@@ -55,7 +56,12 @@ NUTSKernelResults = collections.namedtuple("NUTSKernelResults", [
                               # state: minus the Hamiltonian, the sign
                               # of tfp.mcmc.NoUTurnSampler's `energy`
                               # (bootstrap: with a momentum of ones, as
-                              # there)
+                              # there; the kinetic energy is the
+                              # metric's, less its normalising constant)
+    "momentum_distribution",  # the metric, as PreconditionedNoUTurnSampler
+                              # carries it (`nuts/momentum.py`); adaptation
+                              # kernels (DiagonalMassMatrixAdaptation)
+                              # replace it, `one_step` reads it
     "seed",                   # [2] int32, the seed this step used
     # Gradient utilisation of the batched call: useful gradients (the sum of
     # leapfrogs_taken) over the gradients the batch computed, counted by the
@@ -121,6 +127,22 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       sets the parallelism of TFP's `tf.while_loop`s, never the samples).
     experimental_shard_axis_names: keyword only; sharded chains are not
       supported, so only None is accepted.
+    momentum_distribution: keyword only, as
+      `tfp.experimental.mcmc.PreconditionedNoUTurnSampler`'s (where it is
+      the third positional argument): the distribution of the momentum, a
+      zero-mean Gaussian over the state's structure whose covariance is
+      the mass matrix M (the velocity is M^-1 p), e.g.
+      `tfd.MultivariateNormalDiag(scale_diag=1 / posterior_sd)` for one
+      vector part, or a `tfd.JointDistributionSequential`/`Named` of such
+      per state part; diagonal or dense, with a batch shape of the chains
+      or none. None (the default) is the identity. The kernel results
+      carry it (`momentum_distribution`), where
+      `tfp.experimental.mcmc.DiagonalMassMatrixAdaptation` adapts it.
+      A distribution known by its classes to be diagonal costs nothing
+      (it becomes a step size per coordinate); any other is dense and
+      costs d*d numbers per chain in the program's states (see
+      `nuts/momentum.py`). A momentum distribution that is not a
+      zero-mean Gaussian is refused in `bootstrap_results`.
 
   The positional arguments are the ones above, in that order: from the
   fourth on they differ from `tfp.mcmc.NoUTurnSampler`'s (whose fourth is
@@ -149,10 +171,21 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                unrolled_leapfrog_steps=1, num_trajectories_per_step=1,
                backend="pc:xla", name=None, *,
                max_energy_diff=tree.DEFAULT_MAX_ENERGY_DIFF,
-               parallel_iterations=10, experimental_shard_axis_names=None):
+               parallel_iterations=10, experimental_shard_axis_names=None,
+               momentum_distribution=None):
     if not callable(target_log_prob_fn):
       raise TypeError("NoUTurnSampler needs a callable target_log_prob_fn, "
                       f"got {target_log_prob_fn!r}")
+    if isinstance(max_tree_depth, tfp.distributions.Distribution):
+      raise TypeError(
+          "the third positional argument is max_tree_depth, as in "
+          "tfp.mcmc.NoUTurnSampler; pass momentum_distribution=... by "
+          "keyword (it is the third in PreconditionedNoUTurnSampler)")
+    if not (momentum_distribution is None or isinstance(
+        momentum_distribution, tfp.distributions.Distribution)):
+      raise TypeError("momentum_distribution must be a "
+                      "tfp.distributions.Distribution or None, got "
+                      f"{momentum_distribution!r}")
     for arg, value in (("max_tree_depth", max_tree_depth),
                        ("unrolled_leapfrog_steps", unrolled_leapfrog_steps),
                        ("num_trajectories_per_step",
@@ -185,7 +218,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         num_trajectories_per_step=int(num_trajectories_per_step),
         backend=backend, name=name, max_energy_diff=float(threshold),
         parallel_iterations=int(parallel_iterations),
-        experimental_shard_axis_names=None)
+        experimental_shard_axis_names=None,
+        momentum_distribution=momentum_distribution)
     # layout -> (nuts_steps, logp_and_grad), shared with the kernels that
     # have this target and tree settings (`nuts/programs.py`); kept here,
     # so that the program lives as long as this kernel.
@@ -267,6 +301,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     return self._parameters["experimental_shard_axis_names"]
 
   @property
+  def momentum_distribution(self):
+    return self._parameters["momentum_distribution"]
+
+  @property
   def backend(self):
     return self._parameters["backend"]
 
@@ -327,7 +365,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         size is not positive or does not broadcast, or the log density
         has the wrong shape or dtype.
     """
-    parts, is_list = chain_states.as_parts(init_state)
+    parts, structure = chain_states.as_parts(init_state)
     # Fresh tensors: a distribution's `log_prob` of the very tensor its
     # `sample` returned reads its bijectors' cache instead of the tensor
     # (`init = dist.sample(n)`), and the gradient would be None. (The
@@ -335,15 +373,23 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # state parts split from its flat vector.)
     parts = [tf.identity(p) for p in parts]
     logp, grads = programs.value_and_grads(self.target_log_prob_fn,
-                                           parts, is_list)
+                                           parts, structure)
     chain_states.check_log_density(logp, parts)
+    chain_states.check_chain_rank(logp)
     target_checks.check_chains_alike(self.target_log_prob_fn, parts,
-                                     is_list, logp.shape.rank)
+                                     structure, logp.shape.rank)
     chain_states.check_finite_start(logp)
     step_size = self.step_size
     chain_states.check_step_size(step_size, parts, logp.shape.rank)
     zeros = tf.zeros_like(logp)
     false = tf.zeros(tf.shape(logp), tf.bool)
+    if self.momentum_distribution is None:
+      metric = momentum.default_distribution(parts, tf.shape(logp),
+                                             logp.shape.rank)
+    else:
+      metric = momentum.as_carried(self.momentum_distribution,
+                                   tf.shape(logp))
+      momentum.check_gaussian(metric, parts, logp.shape.rank)
     return NUTSKernelResults(
         target_log_prob=logp,
         grads_target_log_prob=list(grads),
@@ -355,6 +401,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         energy=logp - 0.5 * tf.cast(tf.add_n(
             [tf.reduce_prod(tf.shape(p)[logp.shape.rank:]) for p in parts]),
             logp.dtype),
+        momentum_distribution=metric,
         seed=tf.zeros([2], tf.int32),
         num_grads_computed=tf.constant(0, tf.int32),
         gradient_utilization=tf.constant(1., logp.dtype))
@@ -421,8 +468,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       _STEPPING.reset(token)
     # What `_one_step` records, also where another kernel's call traced it:
     # eagerly the run statistics, read from the step's counts.
-    parts, is_list = chain_states.as_parts(current_state)
-    _, layout = chain_states.layout(parts, is_list, previous_kernel_results)
+    _, _, _, layout = _layout(current_state, previous_kernel_results)
     (nuts_steps, _, _, _), _ = self._program(layout)
     stats = None
     if tf.executing_eagerly():
@@ -443,8 +489,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     copy of this kernel ran the step (as
     `tfp.mcmc.TransformedTransitionKernel` runs one), it is the copy's
     program."""
-    parts, is_list = chain_states.as_parts(current_state)
-    _, layout = chain_states.layout(parts, is_list, kernel_results)
+    _, _, _, layout = _layout(current_state, kernel_results)
     ran = self._ran_programs.get(self._ran_key(layout))
     if ran is not None:
       return ran
@@ -463,10 +508,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     return (layout,) + self._tree_settings()
 
   def _one_step(self, current_state, previous_kernel_results, seed):
-    parts, is_list = chain_states.as_parts(current_state)
     results = previous_kernel_results
-    chain_ndims, layout = chain_states.layout(parts, is_list, results)
-    event_shapes = layout[0]
+    parts, structure, chain_ndims, layout = _layout(current_state, results)
+    event_shapes, _, metric = layout
     dtype = parts[0].dtype
     chain_shape = tf.shape(results.target_log_prob)
     num_chains = tf.reduce_prod(chain_shape)
@@ -480,15 +524,32 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     grads = results.grads_target_log_prob
     grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
-    step = flat(chain_states.broadcast_step_size(results.step_size, parts, chain_ndims))
+    steps = chain_states.broadcast_step_size(results.step_size, parts,
+                                             chain_ndims)
+    distribution = results.momentum_distribution
+    if metric is momentum.DIAGONAL:
+      # The metric as a step size per coordinate (exact: sqrt(1) is 1).
+      steps = [s * tf.sqrt(a) for s, a in zip(
+          steps, momentum.diagonal_precision(distribution, parts))]
+      q_in, grad_in, step = flat(parts), flat(grads), flat(steps)
+    else:   # q = L y; the program carries L's entries after y (step 0)
+      lower = momentum.dense_factor(distribution, parts, chain_ndims)
+      entries = tf.reshape(lower, [num_chains, -1])
+      q_in = tf.concat([tf.linalg.triangular_solve(
+          lower, flat(parts)[..., tf.newaxis], lower=True)[..., 0],
+                        entries], -1)
+      grad_in = tf.concat([tf.linalg.matvec(lower, flat(grads),
+                                            adjoint_a=True),
+                           tf.zeros_like(entries)], -1)
+      step = tf.concat([flat(steps), tf.zeros_like(entries)], -1)
     # Each chain's seed words (step seed, chain index), hashed once here.
     chain_keys = nuts_random.chain_key(tf.stack([
         tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
         tf.range(num_chains, dtype=tf.int32)], axis=-1))
     try:
-      out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
-                                               [num_chains]),
-                       flat(grads), step, chain_keys, backend=self.backend)
+      out = nuts_steps(q_in, tf.reshape(results.target_log_prob,
+                                        [num_chains]),
+                       grad_in, step, chain_keys, backend=self.backend)
     except tab.TypeInferenceError as e:
       cause = e.__cause__
       if not _raised_in(cause, programs.call_target):
@@ -520,7 +581,14 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def per_chain(x):
       return tf.reshape(x, chain_shape)
 
-    new_parts, new_grads = unflat(out.q), unflat(out.grad)
+    out_q, out_grad = out.q, out.grad
+    if metric is not momentum.DIAGONAL:
+      dim = sum(sizes)
+      out_q = tf.linalg.matvec(lower, out_q[:, :dim])
+      out_grad = tf.linalg.triangular_solve(
+          lower, out_grad[:, :dim, tf.newaxis], lower=True, adjoint=True)[
+              ..., 0]
+    new_parts, new_grads = unflat(out_q), unflat(out_grad)
     useful = tf.reduce_sum(out.num_leapfrogs)
     # The backend counts the gradients it computed. The pc runtimes count
     # the rows their batched gradient calls computed (a call runs on its
@@ -550,13 +618,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         reach_max_depth=per_chain(out.reach_max_depth),
         has_divergence=per_chain(out.divergent),
         energy=per_chain(out.energy),
+        momentum_distribution=distribution,
         seed=seed,
         num_grads_computed=computed,
         gradient_utilization=tf.cast(useful, dtype) / tf.cast(
             tf.maximum(computed, 1), dtype))
-    new_state = (tf.nest.pack_sequence_as(current_state, new_parts)
-                 if is_list else new_parts[0])
-    return new_state, new_results
+    return structure.pack(new_parts), new_results
 
 
 # The kernel whose `_shared_step` runs now: its compiled step, shared by
@@ -569,10 +636,20 @@ def _step_of_caller(current_state, previous_kernel_results, seed):
   kernel = _STEPPING.get()
   new_state, new_results = kernel._one_step(   # pylint: disable=protected-access
       current_state, previous_kernel_results, seed)
-  parts, is_list = chain_states.as_parts(current_state)
-  _, layout = chain_states.layout(parts, is_list, previous_kernel_results)
+  _, _, _, layout = _layout(current_state, previous_kernel_results)
   (nuts_steps, _, _, _), _ = kernel._program(layout)   # pylint: disable=protected-access
   return new_state, new_results, nuts_steps.last_stats_tensors
+
+
+def _layout(state, kernel_results):
+  """`(parts, structure, chain_ndims, layout)` of a state and the kernel
+  results it is stepped with: the layout keys the batched program, with
+  the metric kind of the results' momentum distribution."""
+  parts, structure = chain_states.as_parts(state)
+  chain_ndims, layout = chain_states.layout(
+      parts, structure, kernel_results,
+      momentum.kind(kernel_results.momentum_distribution))
+  return parts, structure, chain_ndims, layout
 
 
 def _raised_in(error, function):

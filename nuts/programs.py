@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfp_autobatch as tab
+from nuts import momentum
 from nuts import tree
 
 __all__ = ["nuts_program", "shared_value", "call_target", "value_and_grads"]
@@ -53,17 +54,18 @@ _Shared = collections.namedtuple("_Shared", [
 _SHARED = {}
 
 
-def call_target(target, parts, is_list):
-  """The target's log density of the state parts (the only place the
-  target is called: the kernel tells the user's errors by this frame)."""
-  return target(*parts) if is_list else target(parts[0])
+def call_target(target, parts, structure):
+  """The target's log density of the state parts, packed into the state's
+  `StateStructure` (the only place the target is called: the kernel tells
+  the user's errors by this frame)."""
+  return structure.call(target, parts)
 
 
-def value_and_grads(target, parts, is_list):
+def value_and_grads(target, parts, structure):
   """`(log density, [gradient per part])`, gradients from a tape."""
   with tf.GradientTape() as tape:
     tape.watch(parts)
-    logp = call_target(target, parts, is_list)
+    logp = call_target(target, parts, structure)
   grads = tape.gradient(logp, parts)
   for i, g in enumerate(grads):
     if g is None:
@@ -142,21 +144,35 @@ def _forget(key, ref):
 
 
 def _build(target_ref, layout, settings):
-  """A new program, whose gradient calls `target_ref()`."""
-  event_shapes, is_list = layout
+  """A new program, whose gradient calls `target_ref()`. For a dense
+  metric (`nuts/momentum.py`) the program's state is y then the d*d
+  entries of L, and the target is called at q = L y, its gradient
+  returned for y (L^T times q's) and as zeros for L."""
+  event_shapes, structure, metric = layout
   sizes = [int(np.prod(s)) for s in event_shapes]
+  dim = sum(sizes)
+
+  def target_at(flat_q):
+    parts = [tf.reshape(x, [-1] + list(s)) for x, s in
+             zip(tf.split(flat_q, sizes, axis=-1), event_shapes)]
+    logp, grads = value_and_grads(_alive(target_ref), parts, structure)
+    flat_g = tf.concat([tf.reshape(g, [-1, k]) for g, k in
+                        zip(grads, sizes)], axis=-1)
+    return tf.reshape(logp, [-1]), flat_g
 
   @tab.batched_primitive
   def logp_and_grad(flat_q):
     single = flat_q.shape.rank == 1   # run_unbatched passes one chain
     if single:
       flat_q = flat_q[tf.newaxis]
-    parts = [tf.reshape(x, [-1] + list(s)) for x, s in
-             zip(tf.split(flat_q, sizes, axis=-1), event_shapes)]
-    logp, grads = value_and_grads(_alive(target_ref), parts, is_list)
-    flat_g = tf.concat([tf.reshape(g, [-1, k]) for g, k in
-                        zip(grads, sizes)], axis=-1)
-    logp = tf.reshape(logp, [-1])
+    if metric == momentum.DENSE:
+      y, factor = flat_q[:, :dim], flat_q[:, dim:]
+      lower = tf.reshape(factor, [-1, dim, dim])
+      logp, g_q = target_at(tf.linalg.matvec(lower, y))
+      flat_g = tf.concat([tf.linalg.matvec(lower, g_q, adjoint_a=True),
+                          tf.zeros_like(factor)], axis=-1)
+    else:
+      logp, flat_g = target_at(flat_q)
     if single:
       return logp[0], flat_g[0]
     return logp, flat_g

@@ -13,7 +13,7 @@ from nuts import programs
 __all__ = ["check_chains_alike", "check_target_compiles"]
 
 
-def check_chains_alike(target, parts, is_list, chain_rank):
+def check_chains_alike(target, parts, structure, chain_rank):
   """Raises if the target, given one chain, does not return one value:
   it has parameters per chain (ReplicaExchangeMC's per-replica
   temperatures, a parameter with a chain dimension), which the batched
@@ -32,7 +32,7 @@ def check_chains_alike(target, parts, is_list, chain_rank):
   one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
          for p in parts]
   try:
-    logp_one = programs.call_target(target, one, is_list)
+    logp_one = programs.call_target(target, one, structure)
   except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
     # E.g. a tf.function whose input_signature fixes the chain count.
     raise ValueError(
@@ -48,7 +48,11 @@ def check_chains_alike(target, parts, is_list, chain_rank):
       "returned shape {} instead of [1]. A target with parameters per "
       "chain (ReplicaExchangeMC's tempered targets, a parameter with a "
       "chain dimension) needs tfp.mcmc.NoUTurnSampler")
-  if logp_one.shape == [1]:
+  # [] is a squeezed [1]: a target ending in `tf.squeeze`, as TFP's
+  # examples write, is alike on one chain (the program reshapes each call's
+  # log density to its rows); a target with a parameter per chain
+  # broadcasts it to more values than one.
+  if logp_one.shape in ([1], []):
     return
   if logp_one.shape.is_fully_defined() and (num_chains is not None
                                             or logp_one.shape != [0]):
@@ -78,8 +82,8 @@ def check_target_compiles(target, current_state, kernel_results, checked):
   alone) are left to the step itself. `checked`: what was checked
   (state layouts, dtypes, whether the chain count is known), to which
   this adds."""
-  parts, is_list = chain_states.as_parts(current_state)
-  chain_ndims, layout = chain_states.layout(parts, is_list, kernel_results)
+  parts, structure = chain_states.as_parts(current_state)
+  chain_ndims, layout = chain_states.layout(parts, structure, kernel_results)
   # One chain, or any number where the VM will not know how many.
   chains_known = parts[0].shape[:chain_ndims].is_fully_defined()
   key = (layout, parts[0].dtype, chains_known)
@@ -89,7 +93,7 @@ def check_target_compiles(target, current_state, kernel_results, checked):
     return [tf.TensorSpec([rows] + p.shape[chain_ndims:].as_list(),
                           p.dtype) for p in parts]
   as_traced = tf.function(
-      lambda *xs: programs.value_and_grads(target, list(xs), is_list),
+      lambda *xs: programs.value_and_grads(target, list(xs), structure),
       input_signature=specs(1 if chains_known else None), autograph=False)
   compiled = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
                          autograph=False)

@@ -247,7 +247,9 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
   @tab.batch(max_stack_depth=stack_depth)
   def trajectory(q, logp, grad, step, seed, traj):
     """One NUTS transition: doublings until a U-turn, divergence or max depth."""
-    p = draw_momentum(seed, traj, q)
+    # No momentum where the step is 0: coordinates that carry a dense
+    # metric's factor along (`nuts/momentum.py`), which must not move.
+    p = tf.where(step > 0, draw_momentum(seed, traj, q), tf.zeros_like(q))
     h0 = -logp + kinetic_energy(p)
     q_left, p_left, grad_left = q, p, grad
     q_right, p_right, grad_right = q, p, grad

@@ -166,7 +166,7 @@ def test_kernel_matches_numpy_reference(fused_step):
 def test_batched_matches_unbatched_python(fused_kernel, fused_step):
   """The batched program == the same Python run on one chain at a time."""
   state, results = fused_step
-  program = fused_kernel._program((((3,),), False))[0][0]  # pylint: disable=protected-access
+  program = fused_kernel.batched_program(tf.constant(INIT), results)
   seed = np.asarray(results.seed)
   for c in range(len(INIT)):
     q = tf.constant(INIT[c])
@@ -322,7 +322,8 @@ def test_parameters_copy_and_calibration(fused_kernel):
                          "unrolled_leapfrog_steps",
                          "num_trajectories_per_step", "backend", "name",
                          "max_energy_diff", "parallel_iterations",
-                         "experimental_shard_axis_names"}
+                         "experimental_shard_axis_names",
+                         "momentum_distribution"}
   copy = fused_kernel.copy(max_tree_depth=3)
   assert copy.max_tree_depth == 3
   assert copy.num_trajectories_per_step == 2
@@ -389,8 +390,11 @@ def test_traced_pc_xla_step_is_one_xla_computation():
            if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
   assert len(calls) == 1
   assert calls[0].get_attr("_XlaMustCompile")
+  # Constants (and a Fill of a static shape, which grappler folds) of the
+  # results' momentum distribution, rebuilt from its tensors where the
+  # caller's function receives it.
   assert {op.type for op in ops} <= {"Placeholder", "Identity", "NoOp",
-                                     calls[0].type}
+                                     "Const", "Fill", calls[0].type}
 
 
 def test_pc_xla_transition_copies_no_register_bank():

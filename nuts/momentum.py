@@ -1,0 +1,220 @@
+"""The momentum distribution (the mass matrix) of NUTS, taken as
+`tfp.experimental.mcmc.PreconditionedNoUTurnSampler` takes it.
+
+A momentum distribution is a zero-mean Gaussian over the state's structure,
+p ~ N(0, M); the kinetic energy is -log_prob(p) and the velocity dq/dt is
+M^-1 p, the distribution's precision A = M^-1 times p. The batched NUTS
+program (`nuts/tree.py`) runs with the identity metric, so a metric enters
+it as a linear change of the state's coordinates, exact for a Gaussian:
+
+* Diagonal (A = diag(a)): identity-metric NUTS with the step size
+  eps * sqrt(a) per coordinate is the same sampler (the momentum sqrt(a) p
+  is standard normal, and each leapfrog moves q by eps * a * p). Nothing
+  but the step-size input changes, so a new mass matrix never rebuilds
+  or recompiles the program.
+* Dense (A = L L^T, L lower triangular): identity-metric NUTS on y with
+  q = L y. The program's state carries L's d*d entries after y's d
+  coordinates, with step size 0 and no momentum there (`tree.trajectory`
+  draws none where the step is 0), so that its gradient call can map y
+  to q; again the matrix is an input, not a constant of the program. (A
+  dense metric costs d*d numbers per chain in every state the program
+  keeps: fine for tens of coordinates, heavy for thousands.) Per-part step
+  sizes then act on y's coordinates.
+
+The distribution's precision is read from the distribution itself: its
+log density's gradient at ones (diagonal) or its Hessian (dense), for
+each chain, so any TFP distribution of this kind works (a
+`JointDistribution` over a structured state, `MultivariateNormal*`,
+`Independent`/`Sample` of `Normal`s, `BatchBroadcast`, reshaped, with a
+batch shape of the chains or none). Which of the two kinds a distribution
+is is decided from its classes, statically (`kind`); anything not known to
+be diagonal is treated as dense. `check_gaussian` checks that the
+distribution is a zero-mean Gaussian with that precision (a momentum
+distribution of another family would otherwise be sampled wrongly).
+
+The kernel results carry the distribution as `momentum_distribution`, in
+the form `tfp.experimental.mcmc.DiagonalMassMatrixAdaptation` reads and
+rewrites (`as_carried`, `default_distribution`).
+"""
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+__all__ = ["DIAGONAL", "DENSE", "default_distribution", "as_carried",
+           "kind", "diagonal_precision", "dense_factor", "check_gaussian"]
+
+tfb = tfp.bijectors
+tfd = tfp.distributions
+
+DIAGONAL, DENSE = None, "dense"   # the program's metric kinds (layout)
+
+_DIAGONAL_OPERATORS = (tf.linalg.LinearOperatorDiag,
+                       tf.linalg.LinearOperatorIdentity,
+                       tf.linalg.LinearOperatorScaledIdentity)
+
+
+def _event_shape(part, chain_ndims):
+  return part.shape[chain_ndims:].as_list()
+
+
+def default_distribution(parts, chain_shape, chain_ndims):
+  """The identity metric, a standard normal per state part, in the form
+  `DiagonalMassMatrixAdaptation` updates (a `JointDistributionSequential`
+  of `BatchBroadcast`s over the chains of reshaped
+  `MultivariateNormalPrecisionFactorLinearOperator`s with diagonal
+  precision)."""
+  dists = []
+  for p in parts:
+    event_shape = _event_shape(p, chain_ndims)
+    if None in event_shape:   # the kernel's step says what to do
+      event_shape = tf.shape(p)[chain_ndims:]
+    ones = tf.ones(tf.concat([chain_shape, [tf.reduce_prod(event_shape)]],
+                             0), p.dtype)
+    # `loc` given: a loc of None is made at each reconstruction of the
+    # distribution (a Fill in the caller's graph at every step).
+    normal = tfp.experimental.distributions.MultivariateNormalPrecisionFactorLinearOperator(  # pylint: disable=line-too-long
+        loc=tf.zeros_like(ones),
+        precision_factor=tf.linalg.LinearOperatorDiag(ones),
+        precision=tf.linalg.LinearOperatorDiag(ones))
+    dists.append(tfd.BatchBroadcast(
+        tfd.TransformedDistribution(
+            normal, bijector=tfb.Reshape(event_shape_out=event_shape)),
+        with_shape=chain_shape))
+  return tfd.JointDistributionSequential(dists)
+
+
+def as_carried(distribution, chain_shape):
+  """The user's momentum distribution as the kernel results carry it, as
+  `PreconditionedNoUTurnSampler`'s do: a distribution over one tensor
+  becomes a `JointDistributionSequential` of one part, and the parts of a
+  `JointDistributionSequential` are broadcast over the chains."""
+  if not tf.nest.is_nested(distribution.dtype):
+    distribution = tfd.JointDistributionSequential([distribution])
+  if (type(distribution) is tfd.JointDistributionSequential   # pylint: disable=unidiomatic-typecheck
+      and all(isinstance(d, tfd.Distribution) for d in distribution.model)
+      and not all(isinstance(d, tfd.BatchBroadcast)
+                  for d in distribution.model)):
+    distribution = distribution.copy(model=[
+        tfd.BatchBroadcast(d, with_shape=chain_shape)
+        for d in distribution.model])
+  return distribution
+
+
+def _is_diagonal(dist):
+  """Whether the classes of `dist` make its precision diagonal (False
+  where they do not tell: such a distribution is taken as dense)."""
+  if isinstance(dist, (tfd.JointDistributionSequential,
+                       tfd.JointDistributionNamed)):
+    model = dist.model
+    model = list(model.values()) if isinstance(model, dict) else list(model)
+    return all(isinstance(d, tfd.Distribution) and _is_diagonal(d)
+               for d in model)
+  if isinstance(dist, tfd.MultivariateNormalLinearOperator):
+    return isinstance(dist.scale, _DIAGONAL_OPERATORS)
+  if isinstance(dist, tfp.experimental.distributions
+                .MultivariateNormalPrecisionFactorLinearOperator):
+    return isinstance(dist.precision_factor, _DIAGONAL_OPERATORS)
+  if isinstance(dist, (tfd.BatchBroadcast, tfd.Independent, tfd.Sample)):
+    return _is_diagonal(dist.distribution)
+  if isinstance(dist, tfd.TransformedDistribution):
+    return (isinstance(dist.bijector, (tfb.Reshape, tfb.Identity))
+            and _is_diagonal(dist.distribution))
+  return isinstance(dist, tfd.Normal)
+
+
+def kind(distribution):
+  """`DIAGONAL` or `DENSE`: the metric kind the program is built for."""
+  return DIAGONAL if _is_diagonal(distribution) else DENSE
+
+
+def _log_prob(distribution, parts):
+  """The distribution's log density at the flat list of momentum parts,
+  packed in the distribution's structure."""
+  value = tf.nest.pack_sequence_as(distribution.dtype, list(parts))
+  return distribution.log_prob(value)
+
+
+def _check_structure(distribution, parts):
+  num = len(tf.nest.flatten(distribution.dtype))
+  if num != len(parts):
+    raise ValueError(
+        f"momentum_distribution has {num} part(s) for a state of "
+        f"{len(parts)}: it must be a distribution over the state's "
+        "structure (one tensor, or a JointDistribution with a part per "
+        "state part)")
+
+
+def diagonal_precision(distribution, parts):
+  """Each part's diagonal precision a (the inverse mass), per chain:
+  minus the log density's gradient at ones, shaped like the parts."""
+  _check_structure(distribution, parts)
+  ones = [tf.ones_like(p) for p in parts]
+  with tf.GradientTape() as tape:
+    tape.watch(ones)
+    logp = tf.reduce_sum(_log_prob(distribution, ones))
+  return [-g for g in tape.gradient(logp, ones)]
+
+
+def dense_factor(distribution, parts, chain_ndims):
+  """L, [chains, d, d] lower triangular with L L^T the precision (inverse
+  mass) of the flattened, concatenated state parts, per chain."""
+  _check_structure(distribution, parts)
+  chain_shape = tf.shape(parts[0])[:chain_ndims]
+  sizes = [int(np.prod(_event_shape(p, chain_ndims))) for p in parts]
+  x = tf.zeros(tf.stack([tf.reduce_prod(chain_shape), sum(sizes)]),
+               parts[0].dtype)
+  with tf.GradientTape() as outer:
+    outer.watch(x)
+    with tf.GradientTape() as inner:
+      inner.watch(x)
+      momenta = [tf.reshape(v, tf.concat([chain_shape, tf.shape(p)[
+          chain_ndims:]], 0)) for v, p in zip(tf.split(x, sizes, -1), parts)]
+      logp = tf.reduce_sum(_log_prob(distribution, momenta))
+    grad = inner.gradient(logp, x)
+  precision = -outer.batch_jacobian(grad, x)
+  precision = 0.5 * (precision + tf.linalg.matrix_transpose(precision))
+  return tf.linalg.cholesky(precision)
+
+
+def check_gaussian(distribution, parts, chain_ndims):
+  """Raises unless the distribution is a zero-mean Gaussian with the
+  precision `kind` reads from it: its log density at a probe x and at -x,
+  less its value at 0, must be -x^T A x / 2. Eagerly a ValueError, traced
+  a graph assertion (none under XLA)."""
+  _check_structure(distribution, parts)
+  dtype = parts[0].dtype
+  probe = [tf.cast(tf.random.stateless_normal(tf.shape(p), [7, 11]), dtype)
+           for p in parts]
+  if kind(distribution) is DIAGONAL:
+    a = diagonal_precision(distribution, parts)
+    quad = tf.add_n([tf.reduce_sum(tf.reshape(
+        ai * x * x, tf.concat([tf.shape(x)[:chain_ndims], [-1]], 0)), -1)
+                     for ai, x in zip(a, probe)])
+  else:
+    factor = dense_factor(distribution, parts, chain_ndims)
+    flat = tf.concat([tf.reshape(x, tf.concat(
+        [[tf.shape(factor)[0]], [-1]], 0)) for x in probe], -1)
+    lx = tf.linalg.matvec(factor, flat, adjoint_a=True)
+    quad = tf.reshape(tf.reduce_sum(lx * lx, -1),
+                      tf.shape(parts[0])[:chain_ndims])
+  zero = _log_prob(distribution, [tf.zeros_like(p) for p in parts])
+  expected = -0.5 * quad
+  tol = 1e-3 * (1. + tf.abs(expected)) if dtype == tf.float32 else (
+      1e-8 * (1. + tf.abs(expected)))
+  ok = tf.reduce_all([
+      tf.reduce_all(tf.abs(_log_prob(distribution, xs) - zero - expected)
+                    <= tol)
+      for xs in (probe, [-x for x in probe])])
+  message = ("momentum_distribution must be a zero-mean Gaussian (normal) "
+             "distribution over the state, as the momenta of Hamiltonian "
+             "Monte Carlo are; its log density is not -p^T A p / 2 plus a "
+             "constant. For a diagonal mass matrix use e.g. "
+             "tfd.Independent(tfd.Normal(0., scale)) or "
+             "tfd.MultivariateNormalDiag(scale_diag=...), for a dense one "
+             "tfd.MultivariateNormalTriL(scale_tril=...), one per part "
+             "(tfd.JointDistributionSequential/Named for a structured state)")
+  if tf.executing_eagerly():
+    if not bool(ok):
+      raise ValueError(message)
+    return
+  tf.debugging.Assert(ok, [message], name="check_momentum_distribution")

@@ -1,0 +1,138 @@
+"""`momentum_distribution` (the mass matrix), as
+`tfp.experimental.mcmc.PreconditionedNoUTurnSampler` takes it, and
+`tfp.experimental.mcmc.DiagonalMassMatrixAdaptation` around our kernel."""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import nuts
+
+tfd = tfp.distributions
+
+SCALES = np.array([1e-2, 1e-1, 1., 1e1, 1e2])
+
+
+def _scaled_target():
+  return tfd.MultivariateNormalDiag(scale_diag=tf.constant(SCALES))
+
+
+def test_diagonal_and_dense_metrics_of_one_matrix_give_the_same_draws():
+  target = _scaled_target()
+  init = tf.constant(np.random.RandomState(0).randn(6, 5) * SCALES)
+  draws = []
+  for metric in (tfd.MultivariateNormalDiag(scale_diag=1. / SCALES),
+                 tfd.MultivariateNormalTriL(
+                     scale_tril=tf.linalg.diag(1. / SCALES))):
+    kernel = nuts.NoUTurnSampler(target.log_prob, 0.3,
+                                 momentum_distribution=metric,
+                                 backend="pc:graph")
+    results = kernel.bootstrap_results(init)
+    state, results = kernel.one_step(init, results, seed=[4, 2])
+    draws.append((state.numpy(), results.leapfrogs_taken.numpy()))
+  np.testing.assert_allclose(draws[0][0], draws[1][0], rtol=1e-9)
+  np.testing.assert_array_equal(draws[0][1], draws[1][1])
+  # A preconditioned chain moves every coordinate on its own scale.
+  assert np.all(np.abs(draws[0][0] - init.numpy()).mean(0) > 0.1 * SCALES)
+
+
+def _moments_from_exact_draws(metric, cov, seed):
+  """Mean and covariance of 2 steps of 400 chains started at exact draws
+  of N(0, cov): NUTS leaves the target invariant, so they are exact."""
+  target = tfd.MultivariateNormalFullCovariance(
+      np.zeros(len(cov)), cov)
+  kernel = nuts.NoUTurnSampler(target.log_prob, 0.4, backend="pc:graph",
+                               momentum_distribution=metric)
+  init = target.sample(400, seed=[seed, 1])
+  state, results = init, kernel.bootstrap_results(init)
+  for i in range(2):
+    state, results = kernel.one_step(state, results, seed=[seed, i + 7])
+  return state.numpy()
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_metric_leaves_the_target_invariant(dense):
+  """z-tests of the means and variances after steps from exact draws,
+  with a badly matched metric (so that the preconditioning matters).
+  Each of the 2 x 3 statistics fails with probability 1e-4 by chance
+  (|z| > 3.9), the test with probability under 1e-3."""
+  cov = np.array([[1., 1.5, 0.], [1.5, 4., 0.3], [0., 0.3, 0.25]])
+  if dense:
+    metric = tfd.MultivariateNormalTriL(
+        scale_tril=np.linalg.cholesky(np.linalg.inv(cov) * 2.))
+  else:
+    metric = tfd.Independent(tfd.Normal(np.zeros(3), [0.5, 2., 3.]), 1)
+  x = _moments_from_exact_draws(metric, cov, seed=11 if dense else 12)
+  sd = np.sqrt(np.diag(cov))
+  n = len(x)
+  z_mean = x.mean(0) / (sd / np.sqrt(n))
+  z_var = (x.var(0) - np.diag(cov)) / (np.diag(cov) * np.sqrt(2. / n))
+  assert np.all(np.abs(z_mean) < 3.9), z_mean
+  assert np.all(np.abs(z_var) < 3.9), z_var
+
+
+def test_a_momentum_distribution_that_is_not_gaussian_is_refused():
+  target = _scaled_target()
+  kernel = nuts.NoUTurnSampler(
+      target.log_prob, 0.1,
+      momentum_distribution=tfd.Independent(tfd.StudentT(3., 0., SCALES), 1))
+  with pytest.raises(ValueError, match="zero-mean Gaussian"):
+    kernel.bootstrap_results(tf.zeros([2, 5], tf.float64))
+  with pytest.raises(TypeError, match="by keyword"):
+    nuts.NoUTurnSampler(target.log_prob, 0.1, tfd.Normal(0., 1.))
+
+
+def test_a_new_mass_matrix_does_not_rebuild_the_program():
+  """The metric is an input of the batched program and the compiled step:
+  stepping with new mass matrices traces the target no more."""
+  traces = []
+
+  def target(x):
+    traces.append(1)
+    return -0.5 * tf.reduce_sum((x / SCALES) ** 2, -1)
+
+  init = tf.zeros([4, 5], tf.float64)
+  kernel = nuts.NoUTurnSampler(target, 0.5, momentum_distribution=(
+      tfd.MultivariateNormalDiag(scale_diag=np.ones(5))))
+  results = kernel.bootstrap_results(init)
+  state, results = kernel.one_step(init, results, seed=[1, 1])
+  traced = len(traces)
+  for i, scale in enumerate([0.5, 2., 1. / SCALES]):
+    metric = tfd.JointDistributionSequential([tfd.BatchBroadcast(
+        tfd.MultivariateNormalDiag(scale_diag=scale * np.ones(5)), [4])])
+    results = results._replace(momentum_distribution=metric)
+    state, results = kernel.one_step(state, results, seed=[2, i])
+  assert len(traces) == traced
+
+
+@pytest.mark.nightly
+def test_diagonal_mass_matrix_adaptation_learns_the_scales():
+  """DiagonalMassMatrixAdaptation around step-size adaptation around our
+  kernel, unchanged: the adapted momentum precision (the inverse mass)
+  approaches the target's variances, 1e-4 to 1e4, and the sampler then
+  moves every coordinate on its scale."""
+  target = _scaled_target()
+  chains = 16
+  init = tf.zeros([chains, 5], tf.float64)
+  kernel = nuts.NoUTurnSampler(target.log_prob, 1e-2, max_tree_depth=8)
+  kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
+      kernel, num_adaptation_steps=150)
+  kernel = tfp.experimental.mcmc.DiagonalMassMatrixAdaptation(
+      kernel, initial_running_variance=(
+          tfp.experimental.stats.RunningVariance.from_stats(
+              num_samples=tf.constant(1., tf.float64),
+              mean=tf.zeros(5, tf.float64), variance=tf.ones(5, tf.float64))))
+
+  @tf.function(autograph=False)
+  def run():
+    return tfp.mcmc.sample_chain(
+        100, init, kernel=kernel, num_burnin_steps=200, seed=[3, 5],
+        trace_fn=lambda _, r: (r.inner_results.inner_results  # pylint: disable=g-long-lambda
+                               .momentum_distribution.model[0].distribution
+                               .distribution.precision.diag_part()))
+
+  draws, precision = run()
+  ratio = precision.numpy()[-1].mean(0) / SCALES ** 2
+  assert np.all((ratio > 0.3) & (ratio < 3.)), ratio
+  sd = draws.numpy().reshape(-1, 5).std(0) / SCALES
+  assert np.all((sd > 0.7) & (sd < 1.3)), sd
