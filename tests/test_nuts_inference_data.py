@@ -69,7 +69,7 @@ def test_from_sample_chain_kernel_results():
   rng = np.random.default_rng(1)
   draws, chains = 25, 4
   shape = (draws, chains)
-  inner = nuts.NUTSKernelResults(
+  fields = dict(
       target_log_prob=rng.standard_normal(shape),
       grads_target_log_prob=[rng.standard_normal(shape + (2,))],
       step_size=[np.full([draws], 0.3)],
@@ -80,6 +80,10 @@ def test_from_sample_chain_kernel_results():
       seed=np.zeros([draws, 2], np.int32),
       num_grads_computed=np.zeros([draws], np.int32),
       gradient_utilization=np.ones([draws]))
+  # Fields this conversion does not read (the momentum distribution) are
+  # left None.
+  inner = nuts.NUTSKernelResults(**{
+      f: fields.get(f) for f in nuts.NUTSKernelResults._fields})
 
   class Outer:   # an adaptation kernel's results
     inner_results = inner
