@@ -26,6 +26,7 @@ setuptools.setup(
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
                  "matplotlib>=3.8", "arviz>=0.21,<1", "import-linter>=2.1",
+                 "tqdm>=4.66",
                  # benchmarks/ess_models.py's models (tests/test_benchmarks_ess.py)
                  "inference-gym>=0.0.5"],
         # inference-gym: the ESS benchmark's models (their data ship with it).

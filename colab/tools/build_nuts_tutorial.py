@@ -7,8 +7,9 @@ from nbformat.v4 import new_markdown_cell as md, new_code_cell as code
 
 from notebook_cells import install_cell, write_notebook
 
-# ArviZ 1.x split into arviz-base/-stats/-plots with a new plotting API; the
-# notebook uses the 0.x API (az.summary, az.plot_trace, az.plot_forest).
+# ArviZ 1.x split into arviz-base/-stats/-plots with a new API; the notebook
+# and `nuts.to_inference_data` use the 0.x API (az.from_dict, az.summary,
+# az.plot_trace), the one PyPI offers for every Python we support.
 ARVIZ = "arviz>=0.21,<1"
 
 cells = [
@@ -23,9 +24,12 @@ arguments (by keyword beyond the first three; it adds
 results, so it composes with `TransformedTransitionKernel`, step-size
 adaptation and `sample_chain`.
 
-This notebook fits a hierarchical model with TFP's NUTS, swaps one line to
-fit it with ours, checks the two posteriors with ArviZ, and then measures
-gradients per second against the number of chains for both kernels."""),
+This notebook fits a hierarchical model written as a `JointDistribution`
+with `nuts.windowed_adaptive_nuts`, the turnkey sampler (Stan's warm-up, a
+progress bar, ArviZ output and a one-call summary); then swaps one line in
+a hand-built `tfp.mcmc` pipeline to compare ours with TFP's NUTS, and
+measures gradients per second against the number of chains for both
+kernels."""),
 install_cell([ARVIZ]),
 code("""import time
 import warnings
@@ -94,7 +98,49 @@ def initial_state(chains, seed=0):
     return [f(), u(), f(NUM_COUNTIES), f(), u()]
 
 print(target_log_prob(*initial_state(3)))"""),
-md("""## 2. Everything but the NUTS kernel
+md("""The same model as a `JointDistribution`: the priors and the likelihood
+as distributions, from which the turnkey sampler takes the log density,
+the constraints (`sigma_a`, `sigma_y` > 0) and the starting points."""),
+code("""model = tfd.JointDistributionNamed(dict(
+    mu_a=tfd.Normal(0., 5.),
+    sigma_a=tfd.HalfNormal(1.),
+    z=tfd.Sample(tfd.Normal(0., 1.), NUM_COUNTIES),
+    b=tfd.Normal(0., 5.),
+    sigma_y=tfd.HalfNormal(1.),
+    log_radon=lambda mu_a, sigma_a, z, b, sigma_y: tfd.Independent(tfd.Normal(
+        tf.gather(mu_a[..., None] + sigma_a[..., None] * z, county, axis=-1)
+        + b[..., None] * floor, sigma_y[..., None]), reinterpreted_batch_ndims=1)))"""),
+md("""## 2. The turnkey sampler: `windowed_adaptive_nuts`
+
+`nuts.windowed_adaptive_nuts` takes the arguments of
+`tfp.experimental.mcmc.windowed_adaptive_nuts` (the observed values are
+pinned by keyword), so switching between TFP's and ours is the import.
+It runs Stan's warm-up: chains start uniformly in (-2, 2) on the
+unconstrained scale, a first window adapts the step size only, doubling
+windows estimate a diagonal mass matrix (the posterior variances), and a
+last window adapts the step size to it. Nothing is tuned by hand.
+
+Steps run in compiled chunks, so the progress bar shows warm-up and
+sampling apart, and interrupting the kernel (Ctrl-C) stops between chunks
+and returns the draws made so far, with a `nuts.SamplingInterrupted`
+warning."""),
+code("""start = time.perf_counter()
+draws, trace = nuts.windowed_adaptive_nuts(
+    NUM_RESULTS, model, n_chains=CHAINS, num_adaptation_steps=NUM_BURNIN,
+    progress_bar=True, seed=(1, 2), log_radon=log_radon)
+print(f"{time.perf_counter() - start:.0f} s, XLA compilation included")"""),
+md("""`nuts.to_inference_data` makes an ArviZ `InferenceData` of the draws,
+with chains as ArviZ's `chain` dimension and the sample statistics under
+ArviZ's names (`diverging`, `tree_depth`, `energy`, `step_size`,
+`n_steps`, `acceptance_rate`, `lp`). `nuts.summary` gives, in one call,
+R-hat, bulk and tail ESS and the divergent transitions."""),
+code("""idata_windowed = nuts.to_inference_data(draws, trace)
+print(idata_windowed.sample_stats)
+nuts.summary(idata_windowed, var_names=["mu_a", "sigma_a", "b", "sigma_y"])"""),
+code("""az.plot_trace(idata_windowed, var_names=["mu_a", "sigma_a", "b", "sigma_y"],
+              compact=True, figsize=(10, 7))
+plt.tight_layout(); plt.show()"""),
+md("""## 3. Kernel by kernel: everything but the NUTS kernel
 
 Step-size adaptation (dual averaging during 80% of the burn-in) around a
 `TransformedTransitionKernel` around NUTS, run by `tfp.mcmc.sample_chain`
@@ -120,22 +166,21 @@ def sample(nuts_kernel, seed=(1, 2)):
           f"{time.perf_counter() - start:.0f} s (XLA compilation included); "
           f"{int(np.sum(trace['diverging']))} divergences in the kept draws")
     return draws, trace"""),
-md("""## 3. TFP's NUTS, then ours: one line changes"""),
+md("""## 4. TFP's NUTS, then ours: one line changes"""),
 code("""tfp_draws, tfp_trace = sample(
     tfp.mcmc.NoUTurnSampler(target_log_prob, step_size=0.1, max_tree_depth=MAX_TREE_DEPTH))"""),
 code("""our_draws, our_trace = sample(
     nuts.NoUTurnSampler(target_log_prob, step_size=0.1, max_tree_depth=MAX_TREE_DEPTH))"""),
-md("""## 4. Diagnostics with ArviZ
+md("""## 5. Diagnostics with ArviZ
 
-`sample_chain` returns draws as `[draw, chain, ...]`; ArviZ wants
-`[chain, draw, ...]`. We add the county intercepts $a_j$ as a derived
-quantity."""),
+`nuts.to_inference_data` also takes `sample_chain`'s draws (here a list,
+named by `PARAMETERS`) and a trace whose keys are ArviZ's names. We add
+the county intercepts $a_j$ as a derived quantity."""),
 code("""def to_inference_data(draws, trace):
-    chain_first = lambda x: np.swapaxes(np.asarray(x), 0, 1)
-    posterior = {name: chain_first(x) for name, x in zip(PARAMETERS, draws)}
-    posterior["a"] = posterior["mu_a"][..., None] + posterior["sigma_a"][..., None] * posterior["z"]
-    stats = {k: chain_first(v) for k, v in trace.items() if k != "step_size"}
-    return az.from_dict(posterior=posterior, sample_stats=stats)
+    idata = nuts.to_inference_data(dict(zip(PARAMETERS, draws)), trace)
+    p = idata.posterior
+    idata.posterior["a"] = p["mu_a"] + p["sigma_a"] * p["z"]
+    return idata
 
 idata = {"tfp.mcmc.NoUTurnSampler": to_inference_data(tfp_draws, tfp_trace),
          "nuts.NoUTurnSampler": to_inference_data(our_draws, our_trace)}
@@ -151,7 +196,7 @@ density and its draws in order:"""),
 code("""az.plot_trace(idata["nuts.NoUTurnSampler"], var_names=["mu_a", "sigma_a", "b", "sigma_y"],
               compact=True, figsize=(10, 7))
 plt.tight_layout(); plt.show()"""),
-md("""## 5. The two posteriors side by side
+md("""## 6. The two posteriors side by side
 
 Same model, same data, two independent NUTS implementations. The last
 column is the difference of the means in units of its Monte Carlo standard
@@ -172,7 +217,7 @@ code("""az.plot_posterior(idata["nuts.NoUTurnSampler"], var_names=["sigma_a", "b
 plt.show()"""),
 md("""The reference lines are the values the data were simulated with.
 
-## 6. Many chains: gradients per second
+## 7. Many chains: gradients per second
 
 Running many chains at once is where batching pays off. We time a few
 `sample_chain` steps (fixed step size, the one ours adapted; starting states
@@ -231,7 +276,7 @@ the program: NUTS as the paper writes it, recursion included, batched
 without hand-written masking. See the README for the kernel's arguments
 and what it adds (`num_trajectories_per_step` trajectory fusion,
 `gradient_utilization`)."""),
-md("""## 7. Where the gradients go: stragglers and trajectory fusion
+md("""## 8. Where the gradients go: stragglers and trajectory fusion
 
 Chains take trajectories of different lengths, so in a batched step a few
 *stragglers* keep walking after the others have finished. Each gradient
