@@ -33,6 +33,7 @@ import tfp_autobatch as tab
 from nuts import chain_states
 from nuts import programs
 from nuts import random as nuts_random
+from nuts import sharding
 from nuts import target_checks
 from nuts import tree
 from tfp_autobatch.ir import ir2
@@ -119,8 +120,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     parallel_iterations: keyword only; accepted so that code written for
       `tfp.mcmc.NoUTurnSampler` runs unchanged. It has no effect here (it
       sets the parallelism of TFP's `tf.while_loop`s, never the samples).
-    experimental_shard_axis_names: keyword only; sharded chains are not
-      supported, so only None is accepted.
+    experimental_shard_axis_names: keyword only, as `tfp.mcmc`'s kernels
+      take it: which state parts are split across replicas, one entry per
+      part. Sharded state parts are not supported (see `nuts/sharding.py`),
+      so every entry must be None; a model whose data alone are sharded
+      needs no names.
+    experimental_chain_axis_names: keyword only: the replica axis (one
+      name, any string) that the chains are split over, when the kernel
+      runs inside a `tf.distribute` strategy's `run` with C chains on each
+      replica. Chain i of replica r then draws what chain r*C+i of one
+      unsharded run draws with the same seed (see `nuts/sharding.py`).
 
   The positional arguments are the ones above, in that order: from the
   fourth on they differ from `tfp.mcmc.NoUTurnSampler`'s (whose fourth is
@@ -149,7 +158,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                unrolled_leapfrog_steps=1, num_trajectories_per_step=1,
                backend="pc:xla", name=None, *,
                max_energy_diff=tree.DEFAULT_MAX_ENERGY_DIFF,
-               parallel_iterations=10, experimental_shard_axis_names=None):
+               parallel_iterations=10, experimental_shard_axis_names=None,
+               experimental_chain_axis_names=None):
     if not callable(target_log_prob_fn):
       raise TypeError("NoUTurnSampler needs a callable target_log_prob_fn, "
                       f"got {target_log_prob_fn!r}")
@@ -169,11 +179,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       raise ValueError("max_energy_diff must be a positive number (a "
                        "Python number or a constant scalar tensor), got "
                        f"{max_energy_diff!r}")
-    if any(n is not None
-           for n in tf.nest.flatten(experimental_shard_axis_names)):
-      raise NotImplementedError(
-          "nuts.NoUTurnSampler does not support sharded chains "
-          "(experimental_shard_axis_names); leave it None")
+    sharding.check_state_shard_axis_names(experimental_shard_axis_names)
+    chain_axis_names = sharding.canonical_axis_names(
+        experimental_chain_axis_names, "experimental_chain_axis_names")
     if backend not in tab.BACKENDS:
       raise tab.UnknownBackendError(
           f"unknown backend {backend!r}; choose one of "
@@ -185,7 +193,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         num_trajectories_per_step=int(num_trajectories_per_step),
         backend=backend, name=name, max_energy_diff=float(threshold),
         parallel_iterations=int(parallel_iterations),
-        experimental_shard_axis_names=None)
+        experimental_shard_axis_names=experimental_shard_axis_names,
+        experimental_chain_axis_names=chain_axis_names or None)
     # layout -> (nuts_steps, logp_and_grad), shared with the kernels that
     # have this target and tree settings (`nuts/programs.py`); kept here,
     # so that the program lives as long as this kernel.
@@ -265,6 +274,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   @property
   def experimental_shard_axis_names(self):
     return self._parameters["experimental_shard_axis_names"]
+
+  @property
+  def experimental_chain_axis_names(self):
+    return self._parameters["experimental_chain_axis_names"]
 
   @property
   def backend(self):
@@ -384,6 +397,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       target_checks.check_target_compiles(
           self.target_log_prob_fn, current_state, previous_kernel_results,
           self._xla_checked)
+    # Read here, outside the shared compiled step, whose traces every
+    # replica reuses.
+    first_chain = sharding.chain_offset(
+        self.experimental_chain_axis_names,
+        tf.size(previous_kernel_results.target_log_prob))
     # Eagerly too, unless a tape may record the step: its state, seeds and
     # results around the batched program are then one call, not dozens of
     # eager ops (a step on the 100-d Gaussian at one chain took 4.2 ms
@@ -392,10 +410,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     if self.backend == "pc:xla" and not (
         tf.executing_eagerly()
         and _tf_private.record.could_possibly_record()):
-      return self._shared_step(current_state, previous_kernel_results, seed)
-    return self._one_step(current_state, previous_kernel_results, seed)
+      return self._shared_step(current_state, previous_kernel_results, seed,
+                               first_chain)
+    return self._one_step(current_state, previous_kernel_results, seed,
+                          first_chain)
 
-  def _shared_step(self, current_state, previous_kernel_results, seed):
+  def _shared_step(self, current_state, previous_kernel_results, seed,
+                   first_chain):
     """`_one_step` traced into a caller's graph as one XLA computation.
 
     Otherwise the state's flattening, the chains' seeds and the results
@@ -416,7 +437,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     token = _STEPPING.set(self)
     try:
       new_state, new_results, stats_tensors = self._compiled_step(
-          current_state, previous_kernel_results, seed)
+          current_state, previous_kernel_results, seed, first_chain)
     finally:
       _STEPPING.reset(token)
     # What `_one_step` records, also where another kernel's call traced it:
@@ -462,7 +483,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     settings the program was built with."""
     return (layout,) + self._tree_settings()
 
-  def _one_step(self, current_state, previous_kernel_results, seed):
+  def _one_step(self, current_state, previous_kernel_results, seed,
+                first_chain=0):
     parts, is_list = chain_states.as_parts(current_state)
     results = previous_kernel_results
     chain_ndims, layout = chain_states.layout(parts, is_list, results)
@@ -481,10 +503,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     grads = results.grads_target_log_prob
     grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
     step = flat(chain_states.broadcast_step_size(results.step_size, parts, chain_ndims))
-    # Each chain's seed words (step seed, chain index), hashed once here.
+    # Each chain's seed words (step seed, global chain index), hashed once
+    # here.
     chain_keys = nuts_random.chain_key(tf.stack([
         tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
-        tf.range(num_chains, dtype=tf.int32)], axis=-1))
+        tf.range(num_chains, dtype=tf.int32) + first_chain], axis=-1))
     try:
       out = nuts_steps(flat(parts), tf.reshape(results.target_log_prob,
                                                [num_chains]),
@@ -493,6 +516,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       cause = e.__cause__
       if not _raised_in(cause, programs.call_target):
         raise
+      collective = sharding.explain_collective_error(cause)
+      if collective is not None:
+        raise collective from cause
       # tfp_autobatch's error names our gradient call in nuts/tree.py (and,
       # for an `if`, advises a @tab.batch body); the code at fault is the
       # user's target.
@@ -564,11 +590,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 _STEPPING = contextvars.ContextVar("nuts_stepping_kernel")
 
 
-def _step_of_caller(current_state, previous_kernel_results, seed):
+def _step_of_caller(current_state, previous_kernel_results, seed,
+                    first_chain):
   """The calling kernel's step, and its batched program's run counts."""
   kernel = _STEPPING.get()
   new_state, new_results = kernel._one_step(   # pylint: disable=protected-access
-      current_state, previous_kernel_results, seed)
+      current_state, previous_kernel_results, seed, first_chain)
   parts, is_list = chain_states.as_parts(current_state)
   _, layout = chain_states.layout(parts, is_list, previous_kernel_results)
   (nuts_steps, _, _, _), _ = kernel._program(layout)   # pylint: disable=protected-access

@@ -1,0 +1,157 @@
+"""Sharded NUTS runs for tests/test_distributed.py, each in a process of its
+own: TensorFlow fixes its logical devices and cluster when it first starts
+them, so every configuration needs a fresh interpreter.
+
+    python tests/distributed_runs.py '{"mode": "mirrored", ...}'
+
+prints one JSON line: the draws (and step sizes) of each run, in global
+chain order. The model, kernel and seeds are the same in every mode, so the
+test compares the modes' draws with the unsharded run's.
+"""
+import functools
+import json
+import os
+import sys
+import time
+
+STEPS = 4
+CHAINS_PER_REPLICA = 2
+DIMS = 3
+
+
+def _set_logical_cpus(count):
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  cpu = tf.config.list_physical_devices("CPU")[0]
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+
+
+def _target(x):
+  """A correlated Gaussian in DIMS dimensions, float64 (so reductions in
+  another order round alike)."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  scales = tf.constant([1., 2., 0.5], tf.float64)
+  z = x / scales
+  return -0.5 * (tf.reduce_sum(z ** 2, -1) - 0.8 * z[..., 0] * z[..., 1])
+
+
+def _initial_state(num_chains):
+  import numpy as np   # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(7)
+  return rng.normal(size=[num_chains, DIMS])
+
+
+def _kernel(axis_name, backend):
+  """NUTS under step-size adaptation, averaged over all chains: over every
+  replica's when `axis_name` is set."""
+  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
+  import nuts   # pylint: disable=g-import-not-at-top
+  inner = nuts.NoUTurnSampler(_target, 0.4, max_tree_depth=4, backend=backend,
+                              experimental_chain_axis_names=axis_name)
+  return tfp.mcmc.DualAveragingStepSizeAdaptation(
+      inner, num_adaptation_steps=STEPS,
+      experimental_reduce_chain_axis_names=axis_name,
+      # TF has no native cross-replica max, which TFP's logmeanexp needs.
+      reduce_fn=functools.partial(tfp.math.reduce_logmeanexp,
+                                  experimental_allow_all_gather=True))
+
+
+def _seed(step):
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  return tf.constant([11, step], tf.int32)
+
+
+def unsharded(num_chains, backend):
+  """The reference: all chains in one batch, no strategy."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  kernel = _kernel(None, backend)
+  state = tf.constant(_initial_state(num_chains))
+  results = kernel.bootstrap_results(state)
+  step = tf.function(kernel.one_step, autograph=False)
+  for i in range(STEPS):
+    state, results = step(state, results, _seed(i))
+  return {"draws": state.numpy().tolist(),
+          "step_size": float(results.new_step_size)}
+
+
+def sharded(strategy, backend, progress=None):
+  """The same chains split over `strategy`'s replicas, one `strategy.run`
+  per step (MirroredStrategy on CPUs cannot all-reduce inside a loop, so
+  the loop over steps stays outside the replicas)."""
+  import numpy as np   # pylint: disable=g-import-not-at-top
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  replicas = strategy.num_replicas_in_sync
+  init = _initial_state(replicas * CHAINS_PER_REPLICA)
+  kernel = _kernel("chains", backend)
+
+  def local_init(context):
+    first = context.replica_id_in_sync_group * CHAINS_PER_REPLICA
+    return tf.constant(init[first:first + CHAINS_PER_REPLICA])
+
+  state = strategy.experimental_distribute_values_from_function(local_init)
+  results = strategy.run(tf.function(kernel.bootstrap_results,
+                                     autograph=False), (state,))
+  step = tf.function(kernel.one_step, autograph=False)
+  for i in range(STEPS):
+    if progress is not None:
+      progress(i)
+    state, results = strategy.run(step, (state, results, _seed(i)))
+  draws = np.concatenate([s.numpy() for s in
+                          strategy.experimental_local_results(state)])
+  step_sizes = [float(s) for s in strategy.experimental_local_results(
+      results.new_step_size)]
+  return {"draws": draws.tolist(), "step_size": step_sizes[0],
+          "replica_step_sizes": step_sizes}
+
+
+def mirrored(devices, backend):
+  """Sharded runs over MirroredStrategy with each count of logical CPUs in
+  `devices`, and the unsharded runs of the same chains."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  _set_logical_cpus(max(devices))
+  cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+  out = {}
+  for count in devices:
+    strategy = tf.distribute.MirroredStrategy(cpus[:count])
+    out[str(count)] = {
+        "sharded": sharded(strategy, backend),
+        "unsharded": unsharded(count * CHAINS_PER_REPLICA, backend)}
+  return out
+
+
+def worker(ports, index, backend, timeout_seconds, die_at_step=None):
+  """One worker of a two-process MultiWorkerMirroredStrategy on localhost.
+  With `die_at_step`, worker 1 exits abruptly before that step."""
+  os.environ["TF_CONFIG"] = json.dumps({
+      "cluster": {"worker": [f"localhost:{p}" for p in ports]},
+      "task": {"type": "worker", "index": index}})
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          timeout_seconds=timeout_seconds))
+
+  def progress(step):
+    if die_at_step is not None and index == 1 and step == die_at_step:
+      os._exit(3)   # pylint: disable=protected-access
+  start = time.time()
+  try:
+    out = sharded(strategy, backend, progress)
+  except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+          tf.errors.CancelledError, tf.errors.InternalError,
+          tf.errors.AbortedError) as e:
+    return {"error": type(e).__name__, "message": str(e)[:500],
+            "seconds": time.time() - start}
+  out["seconds"] = time.time() - start
+  return out
+
+
+if __name__ == "__main__":
+  args = json.loads(sys.argv[1])
+  mode = args.pop("mode")
+  result = {"mirrored": mirrored, "worker": worker,
+            "unsharded": unsharded}[mode](**args)
+  print(json.dumps(result))
+  sys.stdout.flush()
+  if mode == "worker":
+    # MultiWorkerMirroredStrategy's servers keep the process alive.
+    os._exit(0)   # pylint: disable=protected-access
