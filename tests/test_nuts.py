@@ -322,7 +322,8 @@ def test_parameters_copy_and_calibration(fused_kernel):
                          "unrolled_leapfrog_steps",
                          "num_trajectories_per_step", "backend", "name",
                          "max_energy_diff", "parallel_iterations",
-                         "experimental_shard_axis_names"}
+                         "experimental_shard_axis_names",
+                         "experimental_chain_axis_names"}
   copy = fused_kernel.copy(max_tree_depth=3)
   assert copy.max_tree_depth == 3
   assert copy.num_trajectories_per_step == 2

@@ -1,0 +1,178 @@
+"""NUTS chains split over the replicas of `tf.distribute` strategies, built on
+one machine as a cluster is: logical CPU devices for MirroredStrategy, two
+worker processes on localhost for MultiWorkerMirroredStrategy. Each
+configuration runs in processes of its own (`tests/distributed_runs.py`).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nuts
+from nuts import sharding
+
+_RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                     "distributed_runs.py")
+_ROOT = os.path.dirname(os.path.dirname(_RUNS))
+
+
+def _env():
+  path = os.environ.get("PYTHONPATH")
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+              PYTHONPATH=_ROOT + (os.pathsep + path if path else ""))
+
+
+def _start(args):
+  return subprocess.Popen([sys.executable, _RUNS, json.dumps(args)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=_env())
+
+
+def _result(process, timeout):
+  try:
+    out, err = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    process.communicate()
+    raise
+  assert process.returncode == 0, err[-3000:]
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("localhost", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def _assert_same_chains(sharded, unsharded):
+  # Exactly the same trajectories; the step size's average over chains is
+  # summed in another order across replicas, hence a float64 tolerance.
+  np.testing.assert_allclose(sharded["draws"], unsharded["draws"],
+                             rtol=1e-9, atol=1e-12)
+  np.testing.assert_allclose(sharded["step_size"], unsharded["step_size"],
+                             rtol=1e-12)
+
+
+def _mirrored(devices):
+  run = _start({"mode": "mirrored", "devices": [devices],
+                "backend": "pc:graph"})
+  out = _result(run, timeout=900)[str(devices)]
+  _assert_same_chains(out["sharded"], out["unsharded"])
+  # Every replica adapted the one step size of all chains.
+  assert len(set(out["sharded"]["replica_step_sizes"])) == 1
+
+
+@pytest.mark.slow
+def test_mirrored_two_cpus_equals_unsharded():
+  _mirrored(2)
+
+
+@pytest.mark.nightly
+def test_mirrored_four_cpus_equals_unsharded():
+  _mirrored(4)
+
+
+def _workers(die_at_step=None, timeout_seconds=60):
+  ports = _free_ports(2)
+  return [_start({"mode": "worker", "ports": ports, "index": i,
+                  "backend": "pc:graph", "timeout_seconds": timeout_seconds,
+                  "die_at_step": die_at_step}) for i in range(2)]
+
+
+@pytest.mark.slow
+def test_multi_worker_two_processes_equals_unsharded():
+  workers = _workers()
+  reference = _start({"mode": "unsharded", "num_chains": 4,
+                      "backend": "pc:graph"})
+  try:
+    outs = [_result(w, timeout=900) for w in workers]
+    unsharded = _result(reference, timeout=900)
+  finally:
+    for p in workers + [reference]:
+      if p.poll() is None:
+        p.kill()
+  for out in outs:
+    assert "error" not in out, out
+  # Each worker holds one replica; worker i's draws are chains 2i, 2i+1.
+  draws = np.concatenate([out["draws"] for out in outs])
+  _assert_same_chains({"draws": draws, "step_size": outs[0]["step_size"]},
+                      unsharded)
+  assert outs[0]["step_size"] == outs[1]["step_size"]
+
+
+@pytest.mark.slow
+def test_multi_worker_dead_peer_is_an_error_not_a_hang():
+  # Worker 1 exits before step 2; worker 0 waits on its all-reduce until
+  # the strategy's communication timeout (or its peer health check) fails
+  # it, and says so, well before the test's own watchdog.
+  workers = _workers(die_at_step=2, timeout_seconds=15)
+  try:
+    out = _result(workers[0], timeout=600)
+    workers[1].wait(timeout=60)
+  finally:
+    for p in workers:
+      if p.poll() is None:
+        p.kill()
+  assert workers[1].returncode == 3
+  assert "error" in out, out
+  assert out["error"] in ("DeadlineExceededError", "UnavailableError",
+                          "CancelledError", "AbortedError", "InternalError")
+
+
+# -- the kernel's arguments, in this process ----------------------------------
+
+
+def _normal(x):
+  return -0.5 * tf.reduce_sum(x ** 2, -1)
+
+
+def test_shard_axis_names_are_parameters_as_in_tfp():
+  kernel = nuts.NoUTurnSampler(_normal, 0.5)
+  assert kernel.experimental_shard_axis_names is None
+  same = kernel.experimental_with_shard_axes([None])
+  assert same.experimental_shard_axis_names == [None]
+  assert same.parameters["experimental_shard_axis_names"] == [None]
+  chained = nuts.NoUTurnSampler(_normal, 0.5,
+                                experimental_chain_axis_names="chains")
+  assert chained.experimental_chain_axis_names == ("chains",)
+  assert chained.copy().experimental_chain_axis_names == ("chains",)
+
+
+def test_sharded_state_parts_are_refused_clearly():
+  with pytest.raises(NotImplementedError, match="sharded state parts"):
+    nuts.NoUTurnSampler(_normal, 0.5, experimental_shard_axis_names=["data"])
+  with pytest.raises(NotImplementedError, match="sharded state parts"):
+    nuts.NoUTurnSampler(_normal, 0.5).experimental_with_shard_axes(
+        [None, "data"])
+  with pytest.raises(ValueError, match="one replica axis"):
+    nuts.NoUTurnSampler(_normal, 0.5,
+                        experimental_chain_axis_names=["a", "b"])
+
+
+def test_chain_axis_names_outside_strategies_change_nothing():
+  # The default replica context is one replica: chain offsets are 0, so
+  # the draws are those of a kernel without names.
+  init = tf.constant([[0.1, 0.2], [0.3, -0.4]])
+  out = []
+  for names in (None, "chains"):
+    kernel = nuts.NoUTurnSampler(_normal, 0.5, backend="pc:graph",
+                                 experimental_chain_axis_names=names)
+    state, _ = kernel.one_step(init, kernel.bootstrap_results(init),
+                               seed=[3, 4])
+    out.append(state.numpy())
+  np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_reduce_over_chains_without_replicas_is_local():
+  total, count = sharding.reduce_over_chains(tf.constant(3.), 2., ("c",))
+  assert float(total) == 3. and float(count) == 2.
