@@ -25,11 +25,16 @@ Two kinds of sharding, named as `tfp.mcmc` names them:
   *data* alone are sharded needs no names: its log density sums over the
   replicas itself (a `Sharded` likelihood's `log_prob` is all-reduced, with
   gradients summed as well), so every replica sees the same density and
-  makes the same moves. Whether that runs depends on the strategy: the
-  target is called inside the batched program's loop, and
-  `tf.distribute.MirroredStrategy` on CPUs cannot all-reduce inside a loop
-  or a nested function (nor then can `tfp.mcmc.NoUTurnSampler`, whose
-  target runs in a `tf.while_loop`); `explain_collective_error` says so.
+  makes the same moves. But the kernel calls the target inside its batched
+  program's loop, and TensorFlow's mirrored strategies (MirroredStrategy,
+  MultiWorkerMirroredStrategy) all-reduce through `merge_call`, which is
+  forbidden inside a loop or a nested function, unless the replica function
+  is XLA-compiled on GPUs. So on CPUs a data-sharded target fails, as it
+  fails under `tfp.mcmc.NoUTurnSampler` (whose target runs in a
+  `tf.while_loop`; tests/test_distributed.py checks both), and
+  `explain_collective_error` turns TensorFlow's error into one that says
+  what to do. On GPUs with an XLA-compiled replica function, and on TPUs,
+  it is untested.
 
 TensorFlow has a single replica axis, so an axis name is any string (or a
 list of one): it names the axis for parity with TFP's JAX backend.
@@ -122,12 +127,11 @@ def explain_collective_error(error):
         "target_log_prob_fn reduces across replicas (for example a "
         "tfp.experimental.distribute.Sharded likelihood term), and the "
         "kernel calls it inside its batched program's loop, where "
-        f"{type(strategy).__name__} cannot all-reduce: on CPUs it "
-        "synchronises replicas with merge_call, which TensorFlow forbids "
-        "inside loops and nested functions (so does tfp.mcmc."
-        "NoUTurnSampler, which calls the target in a tf.while_loop). Split "
-        "the chains over replicas instead of the data "
-        "(experimental_chain_axis_names), or use a strategy whose "
-        "reductions are collective ops (MultiWorkerMirroredStrategy, "
-        "TPUStrategy)")
+        f"{type(strategy).__name__} cannot all-reduce: it synchronises "
+        "replicas with merge_call (unless the replica function is "
+        "XLA-compiled on GPUs), which TensorFlow forbids inside loops and "
+        "nested functions. tfp.mcmc.NoUTurnSampler fails alike (it calls "
+        "the target in a tf.while_loop). Split the chains over the "
+        "replicas instead of the data (experimental_chain_axis_names, with "
+        "all the data on every replica)")
   return None

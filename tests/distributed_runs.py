@@ -11,6 +11,7 @@ test compares the modes' draws with the unsharded run's.
 import functools
 import json
 import os
+import resource
 import sys
 import time
 
@@ -145,11 +146,96 @@ def worker(ports, index, backend, timeout_seconds, die_at_step=None):
   return out
 
 
+def _data_model():
+  """mu ~ N(0, 1) and 8 observations y ~ N(mu, 1) in float64, each of two
+  replicas holding 4 of them: a `Sharded` term, whose log density and
+  gradients are summed over the replicas."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
+  tfd = tfp.distributions
+
+  def likelihood(mu):
+    return tfp.experimental.distribute.Sharded(tfd.Independent(tfd.Normal(
+        mu[..., None] * tf.ones([4], tf.float64),
+        tf.constant(1., tf.float64)), 1), shard_axis_name="data")
+  return tfp.experimental.distribute.JointDistributionSequential(
+      [tfd.Normal(tf.constant(0., tf.float64), 1.), likelihood])
+
+
+DATA = [0.3, 1.1, -0.4, 2.0, 0.9, 1.5, 0.2, 1.7]
+DATA_CHAINS = [0.1, -0.3, 0.5]
+
+
+def data_sharded(strategy, backend):
+  """NUTS on the data model, the data split over two replicas and every
+  replica running the same chains; returns each replica's draws."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  import nuts   # pylint: disable=g-import-not-at-top
+  model = _data_model()
+  data = tf.reshape(tf.constant(DATA, tf.float64), [2, 4])
+  init = tf.constant(DATA_CHAINS, tf.float64)
+
+  @tf.function(autograph=False)
+  def run():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    local = tf.gather(data, replica)
+    kernel = nuts.NoUTurnSampler(lambda mu: model.log_prob([mu, local]),
+                                 0.5, max_tree_depth=4, backend=backend)
+    state, results = init, kernel.bootstrap_results(init)
+    for i in range(STEPS):
+      state, results = kernel.one_step(state, results, seed=_seed(i))
+    return state
+  return [s.numpy().tolist()
+          for s in strategy.experimental_local_results(strategy.run(run))]
+
+
+def data_mirrored(backend):
+  """`data_sharded` over MirroredStrategy on two logical CPUs: the error."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  from nuts import sharding   # pylint: disable=g-import-not-at-top
+  _set_logical_cpus(2)
+  strategy = tf.distribute.MirroredStrategy(
+      [d.name for d in tf.config.list_logical_devices("CPU")])
+  out = {"error": None}
+  try:
+    data_sharded(strategy, backend)
+  except sharding.CollectiveError as e:
+    out = {"error": type(e).__name__, "message": str(e)}
+  out["tfp_error"] = _tfp_nuts_data_sharded(strategy)
+  return out
+
+
+def _tfp_nuts_data_sharded(strategy):
+  """The name of the error `tfp.mcmc.NoUTurnSampler` raises on the same
+  data-sharded model under `strategy` (None if it runs)."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
+  model = _data_model()
+  data = tf.reshape(tf.constant(DATA, tf.float64), [2, 4])
+  init = tf.constant(DATA_CHAINS, tf.float64)
+
+  @tf.function(autograph=False)
+  def run():
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    local = tf.gather(data, replica)
+    kernel = tfp.mcmc.NoUTurnSampler(
+        lambda mu: model.log_prob([mu, local]), 0.5, max_tree_depth=4)
+    return kernel.one_step(init, kernel.bootstrap_results(init),
+                           seed=_seed(0))[0]
+  try:
+    strategy.run(run)
+  except RuntimeError as e:
+    return type(e).__name__ + ": " + str(e)[:200]
+  return None
+
+
 if __name__ == "__main__":
   args = json.loads(sys.argv[1])
   mode = args.pop("mode")
-  result = {"mirrored": mirrored, "worker": worker,
-            "unsharded": unsharded}[mode](**args)
+  result = {"mirrored": mirrored, "worker": worker, "unsharded": unsharded,
+            "data_mirrored": data_mirrored}[mode](**args)
+  if isinstance(result, dict):
+    result["cpu_sec"] = resource.getrusage(resource.RUSAGE_SELF).ru_utime
   print(json.dumps(result))
   sys.stdout.flush()
   if mode == "worker":

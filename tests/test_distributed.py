@@ -129,6 +129,19 @@ def test_multi_worker_dead_peer_is_an_error_not_a_hang():
                           "CancelledError", "AbortedError", "InternalError")
 
 
+@pytest.mark.slow
+def test_data_sharded_target_is_refused_as_tfp_nuts_fails():
+  # A Sharded likelihood all-reduces inside the target, which the kernel
+  # calls inside its batched program's loop: MirroredStrategy on CPUs
+  # cannot, and TFP's own NUTS fails there too (with TensorFlow's
+  # merge_call message); ours says what to do instead.
+  out = _result(_start({"mode": "data_mirrored", "backend": "pc:graph"}),
+                timeout=900)
+  assert out["error"] == "CollectiveError", out
+  assert "experimental_chain_axis_names" in out["message"]
+  assert "merge_call" in out["tfp_error"], out
+
+
 # -- the kernel's arguments, in this process ----------------------------------
 
 
