@@ -25,6 +25,11 @@ import time
 
 from absl import app
 from absl import flags
+import numpy as np
+import tensorflow as tf
+
+from benchmarks import nuts_problems
+import nuts
 
 _REPLICAS = flags.DEFINE_list("replicas", ["1", "2"],
                               "replica counts (logical CPU devices)")
@@ -43,15 +48,10 @@ _OUTPUT = flags.DEFINE_string("output", None,
 
 def measure(replicas):
   """One record: `replicas` logical CPUs, timed as the module says."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
   cpu = tf.config.list_physical_devices("CPU")[0]
   tf.config.set_logical_device_configuration(
       cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
-  # After the devices are fixed: these build tensors.
-  import numpy as np   # pylint: disable=g-import-not-at-top
-  import nuts   # pylint: disable=g-import-not-at-top
-  from benchmarks import nuts_problems   # pylint: disable=g-import-not-at-top
-
+  # After the devices are fixed: the problem builds tensors.
   problem = nuts_problems.make_problem(_PROBLEM.value, num_dims=_DIMS.value)
   chains = _CHAINS.value
   init = problem.initial_state(replicas * chains)

@@ -1,6 +1,7 @@
 """Sharded NUTS runs for tests/test_distributed.py, each in a process of its
 own: TensorFlow fixes its logical devices and cluster when it first starts
-them, so every configuration needs a fresh interpreter.
+them (at the first tensor, not at import), so every configuration needs a
+fresh interpreter.
 
     python tests/distributed_runs.py '{"mode": "mirrored", ...}'
 
@@ -15,13 +16,19 @@ import resource
 import sys
 import time
 
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import nuts
+from nuts import sharding
+
 STEPS = 4
 CHAINS_PER_REPLICA = 2
 DIMS = 3
 
 
 def _set_logical_cpus(count):
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
   cpu = tf.config.list_physical_devices("CPU")[0]
   tf.config.set_logical_device_configuration(
       cpu, [tf.config.LogicalDeviceConfiguration()] * count)
@@ -30,14 +37,12 @@ def _set_logical_cpus(count):
 def _target(x):
   """A correlated Gaussian in DIMS dimensions, float64 (so reductions in
   another order round alike)."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
   scales = tf.constant([1., 2., 0.5], tf.float64)
   z = x / scales
   return -0.5 * (tf.reduce_sum(z ** 2, -1) - 0.8 * z[..., 0] * z[..., 1])
 
 
 def _initial_state(num_chains):
-  import numpy as np   # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(7)
   return rng.normal(size=[num_chains, DIMS])
 
@@ -45,8 +50,6 @@ def _initial_state(num_chains):
 def _kernel(axis_name, backend):
   """NUTS under step-size adaptation, averaged over all chains: over every
   replica's when `axis_name` is set."""
-  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
-  import nuts   # pylint: disable=g-import-not-at-top
   inner = nuts.NoUTurnSampler(_target, 0.4, max_tree_depth=4, backend=backend,
                               experimental_chain_axis_names=axis_name)
   return tfp.mcmc.DualAveragingStepSizeAdaptation(
@@ -58,13 +61,11 @@ def _kernel(axis_name, backend):
 
 
 def _seed(step):
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
   return tf.constant([11, step], tf.int32)
 
 
 def unsharded(num_chains, backend):
   """The reference: all chains in one batch, no strategy."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
   kernel = _kernel(None, backend)
   state = tf.constant(_initial_state(num_chains))
   results = kernel.bootstrap_results(state)
@@ -79,8 +80,6 @@ def sharded(strategy, backend, progress=None):
   """The same chains split over `strategy`'s replicas, one `strategy.run`
   per step (MirroredStrategy on CPUs cannot all-reduce inside a loop, so
   the loop over steps stays outside the replicas)."""
-  import numpy as np   # pylint: disable=g-import-not-at-top
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
   replicas = strategy.num_replicas_in_sync
   init = _initial_state(replicas * CHAINS_PER_REPLICA)
   kernel = _kernel("chains", backend)
@@ -108,7 +107,6 @@ def sharded(strategy, backend, progress=None):
 def mirrored(devices, backend):
   """Sharded runs over MirroredStrategy with each count of logical CPUs in
   `devices`, and the unsharded runs of the same chains."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
   _set_logical_cpus(max(devices))
   cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
   out = {}
@@ -120,13 +118,15 @@ def mirrored(devices, backend):
   return out
 
 
-def worker(ports, index, backend, timeout_seconds, die_at_step=None):
+def worker(ports, index, backend, timeout_seconds, die_at_step=None,
+           reference=False):
   """One worker of a two-process MultiWorkerMirroredStrategy on localhost.
-  With `die_at_step`, worker 1 exits abruptly before that step."""
+  With `die_at_step`, worker 1 exits abruptly before that step; with
+  `reference`, the worker also runs the unsharded chains afterwards (its
+  program is converted already)."""
   os.environ["TF_CONFIG"] = json.dumps({
       "cluster": {"worker": [f"localhost:{p}" for p in ports]},
       "task": {"type": "worker", "index": index}})
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
   strategy = tf.distribute.MultiWorkerMirroredStrategy(
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=timeout_seconds))
@@ -143,6 +143,9 @@ def worker(ports, index, backend, timeout_seconds, die_at_step=None):
     return {"error": type(e).__name__, "message": str(e)[:500],
             "seconds": time.time() - start}
   out["seconds"] = time.time() - start
+  if reference:
+    out["unsharded"] = unsharded(
+        strategy.num_replicas_in_sync * CHAINS_PER_REPLICA, backend)
   return out
 
 
@@ -150,8 +153,6 @@ def _data_model():
   """mu ~ N(0, 1) and 8 observations y ~ N(mu, 1) in float64, each of two
   replicas holding 4 of them: a `Sharded` term, whose log density and
   gradients are summed over the replicas."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
-  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
   tfd = tfp.distributions
 
   def likelihood(mu):
@@ -169,8 +170,6 @@ DATA_CHAINS = [0.1, -0.3, 0.5]
 def data_sharded(strategy, backend):
   """NUTS on the data model, the data split over two replicas and every
   replica running the same chains; returns each replica's draws."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
-  import nuts   # pylint: disable=g-import-not-at-top
   model = _data_model()
   data = tf.reshape(tf.constant(DATA, tf.float64), [2, 4])
   init = tf.constant(DATA_CHAINS, tf.float64)
@@ -191,8 +190,6 @@ def data_sharded(strategy, backend):
 
 def data_mirrored(backend):
   """`data_sharded` over MirroredStrategy on two logical CPUs: the error."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
-  from nuts import sharding   # pylint: disable=g-import-not-at-top
   _set_logical_cpus(2)
   strategy = tf.distribute.MirroredStrategy(
       [d.name for d in tf.config.list_logical_devices("CPU")])
@@ -208,8 +205,6 @@ def data_mirrored(backend):
 def _tfp_nuts_data_sharded(strategy):
   """The name of the error `tfp.mcmc.NoUTurnSampler` raises on the same
   data-sharded model under `strategy` (None if it runs)."""
-  import tensorflow as tf   # pylint: disable=g-import-not-at-top
-  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
   model = _data_model()
   data = tf.reshape(tf.constant(DATA, tf.float64), [2, 4])
   init = tf.constant(DATA_CHAINS, tf.float64)

@@ -86,23 +86,23 @@ def _workers(die_at_step=None, timeout_seconds=60):
   ports = _free_ports(2)
   return [_start({"mode": "worker", "ports": ports, "index": i,
                   "backend": "pc:graph", "timeout_seconds": timeout_seconds,
-                  "die_at_step": die_at_step}) for i in range(2)]
+                  "die_at_step": die_at_step,
+                  "reference": i == 0 and die_at_step is None})
+          for i in range(2)]
 
 
 @pytest.mark.slow
 def test_multi_worker_two_processes_equals_unsharded():
   workers = _workers()
-  reference = _start({"mode": "unsharded", "num_chains": 4,
-                      "backend": "pc:graph"})
   try:
     outs = [_result(w, timeout=900) for w in workers]
-    unsharded = _result(reference, timeout=900)
   finally:
-    for p in workers + [reference]:
+    for p in workers:
       if p.poll() is None:
         p.kill()
   for out in outs:
     assert "error" not in out, out
+  unsharded = outs[0]["unsharded"]   # worker 0 ran it after its share
   # Each worker holds one replica; worker i's draws are chains 2i, 2i+1.
   draws = np.concatenate([out["draws"] for out in outs])
   _assert_same_chains({"draws": draws, "step_size": outs[0]["step_size"]},
@@ -172,18 +172,14 @@ def test_sharded_state_parts_are_refused_clearly():
                         experimental_chain_axis_names=["a", "b"])
 
 
-def test_chain_axis_names_outside_strategies_change_nothing():
-  # The default replica context is one replica: chain offsets are 0, so
-  # the draws are those of a kernel without names.
-  init = tf.constant([[0.1, 0.2], [0.3, -0.4]])
-  out = []
-  for names in (None, "chains"):
-    kernel = nuts.NoUTurnSampler(_normal, 0.5, backend="pc:graph",
-                                 experimental_chain_axis_names=names)
-    state, _ = kernel.one_step(init, kernel.bootstrap_results(init),
-                               seed=[3, 4])
-    out.append(state.numpy())
-  np.testing.assert_array_equal(out[0], out[1])
+def test_chain_offsets_outside_strategies_are_zero():
+  # The default replica context is one replica: with names or without,
+  # chain i is global chain i (the kernel then draws as without names).
+  assert sharding.chain_offset((), 5) == 0
+  assert int(sharding.chain_offset(("chains",), 5)) == 0
+  with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+    with pytest.raises(ValueError, match="strategy.run"):
+      sharding.chain_offset(("chains",), 5)
 
 
 def test_reduce_over_chains_without_replicas_is_local():
