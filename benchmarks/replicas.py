@@ -13,7 +13,8 @@ machine's cores under `tf.distribute.MirroredStrategy`; each replica runs
 so no cross-replica reduction is timed). After `--burnin` untimed steps
 (the first one converts, traces and compiles), `--draws` steps are timed.
 Recorded per r: seconds per step, draws and gradients (leapfrog steps of
-all chains) per second. Logical devices on one machine share its cores, so
+all chains) per second, and the same for the r*C chains run in one batch
+without a strategy (`unsharded_*`, the same draws). Logical devices on one machine share its cores, so
 this measures the overhead and the parallelism the strategy's threads find,
 not what several GPUs or hosts would give.
 """
@@ -88,6 +89,24 @@ def measure(replicas):
   start = time.perf_counter()
   leapfrogs = run(_BURNIN.value, _DRAWS.value)
   seconds = time.perf_counter() - start
+
+  # The same chains in one batch on one device, no strategy: the same
+  # draws (global chain indices), timed alike.
+  plain = nuts.NoUTurnSampler(problem.target_log_prob, problem.step_size,
+                              max_tree_depth=_MAX_DEPTH.value,
+                              backend=_BACKEND.value)
+  plain_state = tf.constant(init)
+  plain_results = plain.bootstrap_results(plain_state)
+  plain_step = tf.function(plain.one_step, autograph=False)
+  plain_leapfrogs, plain_seconds = 0, 0.
+  for i in range(_BURNIN.value + _DRAWS.value):
+    start = time.perf_counter()
+    plain_state, plain_results = plain_step(plain_state, plain_results,
+                                            tf.constant([5, i]))
+    taken = int(np.sum(plain_results.leapfrogs_taken))
+    if i >= _BURNIN.value:
+      plain_seconds += time.perf_counter() - start
+      plain_leapfrogs += taken
   return {"replicas": replicas, "chains_per_replica": chains,
           "chains": replicas * chains, "problem": _PROBLEM.value,
           "num_dims": _DIMS.value, "backend": _BACKEND.value,
@@ -95,6 +114,8 @@ def measure(replicas):
           "sec_per_step": seconds / _DRAWS.value,
           "draws_per_sec": replicas * chains * _DRAWS.value / seconds,
           "grads_per_sec": leapfrogs / seconds,
+          "unsharded_sec_per_step": plain_seconds / _DRAWS.value,
+          "unsharded_grads_per_sec": plain_leapfrogs / plain_seconds,
           "cpu_count": os.cpu_count()}
 
 

@@ -21,6 +21,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 import nuts
+from nuts import replicas as replicas_lib
 from nuts import sharding
 
 STEPS = 4
@@ -60,26 +61,27 @@ def _kernel(axis_name, backend):
                                   experimental_allow_all_gather=True))
 
 
-def _seed(step):
-  return tf.constant([11, step], tf.int32)
+SEED = [11, 12]
 
 
 def unsharded(num_chains, backend):
-  """The reference: all chains in one batch, no strategy."""
+  """The reference: all chains in one batch, no strategy, the step seeds
+  `nuts.replicas.sample_chain` gives every replica."""
   kernel = _kernel(None, backend)
   state = tf.constant(_initial_state(num_chains))
   results = kernel.bootstrap_results(state)
   step = tf.function(kernel.one_step, autograph=False)
-  for i in range(STEPS):
-    state, results = step(state, results, _seed(i))
+  for seed in tfp.random.split_seed(SEED, STEPS):
+    state, results = step(state, results, seed)
   return {"draws": state.numpy().tolist(),
           "step_size": float(results.new_step_size)}
 
 
-def sharded(strategy, backend, progress=None):
-  """The same chains split over `strategy`'s replicas, one `strategy.run`
-  per step (MirroredStrategy on CPUs cannot all-reduce inside a loop, so
-  the loop over steps stays outside the replicas)."""
+def sharded(strategy, backend, steps=STEPS, previous=None):
+  """The same chains split over `strategy`'s replicas, run by
+  `nuts.replicas.sample_chain` (one `strategy.run` per step); with
+  `previous` (an earlier call's `ShardedRun`), `steps` more steps from
+  there. Returns a JSON-able summary and the `ShardedRun`."""
   replicas = strategy.num_replicas_in_sync
   init = _initial_state(replicas * CHAINS_PER_REPLICA)
   kernel = _kernel("chains", backend)
@@ -87,21 +89,16 @@ def sharded(strategy, backend, progress=None):
   def local_init(context):
     first = context.replica_id_in_sync_group * CHAINS_PER_REPLICA
     return tf.constant(init[first:first + CHAINS_PER_REPLICA])
-
-  state = strategy.experimental_distribute_values_from_function(local_init)
-  results = strategy.run(tf.function(kernel.bootstrap_results,
-                                     autograph=False), (state,))
-  step = tf.function(kernel.one_step, autograph=False)
-  for i in range(STEPS):
-    if progress is not None:
-      progress(i)
-    state, results = strategy.run(step, (state, results, _seed(i)))
-  draws = np.concatenate([s.numpy() for s in
-                          strategy.experimental_local_results(state)])
+  run = replicas_lib.sample_chain(
+      strategy, steps, local_init if previous is None else previous.final_state,
+      kernel, seed=SEED, trace_fn=lambda _, r: r.new_step_size,
+      previous_kernel_results=(None if previous is None
+                               else previous.final_kernel_results))
   step_sizes = [float(s) for s in strategy.experimental_local_results(
-      results.new_step_size)]
-  return {"draws": draws.tolist(), "step_size": step_sizes[0],
-          "replica_step_sizes": step_sizes}
+      run.final_kernel_results.new_step_size)]
+  return {"draws": run.states[-1].numpy().tolist(),
+          "step_size": step_sizes[0], "replica_step_sizes": step_sizes,
+          "traced_step_sizes": run.trace.numpy().tolist()}, run
 
 
 def mirrored(devices, backend):
@@ -113,17 +110,19 @@ def mirrored(devices, backend):
   for count in devices:
     strategy = tf.distribute.MirroredStrategy(cpus[:count])
     out[str(count)] = {
-        "sharded": sharded(strategy, backend),
+        "sharded": sharded(strategy, backend)[0],
         "unsharded": unsharded(count * CHAINS_PER_REPLICA, backend)}
   return out
 
 
-def worker(ports, index, backend, timeout_seconds, die_at_step=None,
-           reference=False):
+def worker(ports, index, backend, timeout_seconds, done_dir,
+           die_at_step=None, reference=False):
   """One worker of a two-process MultiWorkerMirroredStrategy on localhost.
   With `die_at_step`, worker 1 exits abruptly before that step; with
   `reference`, the worker also runs the unsharded chains afterwards (its
-  program is converted already)."""
+  program is converted already). A worker that finishes waits for the
+  others (files in `done_dir`) before it exits: a peer that leaves while
+  another still reads the last all-reduce resets its connection."""
   os.environ["TF_CONFIG"] = json.dumps({
       "cluster": {"worker": [f"localhost:{p}" for p in ports]},
       "task": {"type": "worker", "index": index}})
@@ -131,21 +130,26 @@ def worker(ports, index, backend, timeout_seconds, die_at_step=None,
       communication_options=tf.distribute.experimental.CommunicationOptions(
           timeout_seconds=timeout_seconds))
 
-  def progress(step):
-    if die_at_step is not None and index == 1 and step == die_at_step:
-      os._exit(3)   # pylint: disable=protected-access
   start = time.time()
   try:
-    out = sharded(strategy, backend, progress)
-  except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
-          tf.errors.CancelledError, tf.errors.InternalError,
-          tf.errors.AbortedError) as e:
-    return {"error": type(e).__name__, "message": str(e)[:500],
+    if die_at_step is None:
+      out, _ = sharded(strategy, backend)
+    else:
+      _, run = sharded(strategy, backend, steps=die_at_step)
+      if index == 1:
+        os._exit(3)   # pylint: disable=protected-access
+      out, _ = sharded(strategy, backend, previous=run)
+  except replicas_lib.ReplicaLostError as e:
+    return {"error": type(e).__name__, "message": str(e)[:1000],
             "seconds": time.time() - start}
   out["seconds"] = time.time() - start
   if reference:
     out["unsharded"] = unsharded(
         strategy.num_replicas_in_sync * CHAINS_PER_REPLICA, backend)
+  with open(os.path.join(done_dir, str(index)), "w"):
+    pass
+  while len(os.listdir(done_dir)) < len(ports):
+    time.sleep(0.2)
   return out
 
 

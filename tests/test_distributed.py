@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import nuts
+from nuts import replicas
 from nuts import sharding
 
 _RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -82,18 +83,19 @@ def test_mirrored_four_cpus_equals_unsharded():
   _mirrored(4)
 
 
-def _workers(die_at_step=None, timeout_seconds=60):
+def _workers(done_dir, die_at_step=None, timeout_seconds=60):
   ports = _free_ports(2)
   return [_start({"mode": "worker", "ports": ports, "index": i,
                   "backend": "pc:graph", "timeout_seconds": timeout_seconds,
+                  "done_dir": str(done_dir),
                   "die_at_step": die_at_step,
                   "reference": i == 0 and die_at_step is None})
           for i in range(2)]
 
 
 @pytest.mark.slow
-def test_multi_worker_two_processes_equals_unsharded():
-  workers = _workers()
+def test_multi_worker_two_processes_equals_unsharded(tmp_path):
+  workers = _workers(tmp_path)
   try:
     outs = [_result(w, timeout=900) for w in workers]
   finally:
@@ -111,11 +113,12 @@ def test_multi_worker_two_processes_equals_unsharded():
 
 
 @pytest.mark.slow
-def test_multi_worker_dead_peer_is_an_error_not_a_hang():
-  # Worker 1 exits before step 2; worker 0 waits on its all-reduce until
-  # the strategy's communication timeout (or its peer health check) fails
-  # it, and says so, well before the test's own watchdog.
-  workers = _workers(die_at_step=2, timeout_seconds=15)
+def test_multi_worker_dead_peer_is_an_error_not_a_hang(tmp_path):
+  # Worker 1 exits after step 2; worker 0's next all-reduce fails (its
+  # peer's connection reset, the strategy's communication timeout, or its
+  # peer health check), and nuts.replicas.sample_chain says so, well
+  # before the test's own watchdog.
+  workers = _workers(tmp_path, die_at_step=2, timeout_seconds=15)
   try:
     out = _result(workers[0], timeout=600)
     workers[1].wait(timeout=60)
@@ -124,9 +127,8 @@ def test_multi_worker_dead_peer_is_an_error_not_a_hang():
       if p.poll() is None:
         p.kill()
   assert workers[1].returncode == 3
-  assert "error" in out, out
-  assert out["error"] in ("DeadlineExceededError", "UnavailableError",
-                          "CancelledError", "AbortedError", "InternalError")
+  assert out.get("error") == "ReplicaLostError", out
+  assert "did not take part" in out["message"]
 
 
 @pytest.mark.slow
@@ -185,3 +187,25 @@ def test_chain_offsets_outside_strategies_are_zero():
 def test_reduce_over_chains_without_replicas_is_local():
   total, count = sharding.reduce_over_chains(tf.constant(3.), 2., ("c",))
   assert float(total) == 3. and float(count) == 2.
+
+
+class _PeerGone:
+  """A strategy whose replicas' all-reduce fails as when a peer has died."""
+  num_replicas_in_sync = 2
+
+  def run(self, fn, args):
+    del fn, args
+    raise tf.errors.UnavailableError(None, None, "Connection reset by peer")
+
+  def experimental_distribute_values_from_function(self, fn):
+    del fn
+    return tf.zeros([2, 1])
+
+
+def test_sample_chain_names_the_step_a_peer_was_lost_at():
+  kernel = nuts.NoUTurnSampler(_normal, 0.5)
+  with pytest.raises(replicas.ReplicaLostError,
+                     match="bootstrap_results of a sharded run.*did not "
+                     "take part.*Connection reset by peer"):
+    replicas.sample_chain(_PeerGone(), 3, lambda context: None, kernel,
+                          seed=(1, 2))
