@@ -185,8 +185,8 @@ def data_sharded(strategy, backend):
     kernel = nuts.NoUTurnSampler(lambda mu: model.log_prob([mu, local]),
                                  0.5, max_tree_depth=4, backend=backend)
     state, results = init, kernel.bootstrap_results(init)
-    for i in range(STEPS):
-      state, results = kernel.one_step(state, results, seed=_seed(i))
+    for seed in tfp.random.split_seed(SEED, STEPS):
+      state, results = kernel.one_step(state, results, seed=seed)
     return state
   return [s.numpy().tolist()
           for s in strategy.experimental_local_results(strategy.run(run))]
@@ -220,7 +220,7 @@ def _tfp_nuts_data_sharded(strategy):
     kernel = tfp.mcmc.NoUTurnSampler(
         lambda mu: model.log_prob([mu, local]), 0.5, max_tree_depth=4)
     return kernel.one_step(init, kernel.bootstrap_results(init),
-                           seed=_seed(0))[0]
+                           seed=SEED)[0]
   try:
     strategy.run(run)
   except RuntimeError as e:

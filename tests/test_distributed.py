@@ -83,7 +83,9 @@ def test_mirrored_four_cpus_equals_unsharded():
   _mirrored(4)
 
 
-def _workers(done_dir, die_at_step=None, timeout_seconds=60):
+def _workers(done_dir, die_at_step=None, timeout_seconds=600):
+  # A collective's timeout counts from when one worker reaches it: on a
+  # loaded machine a peer may trace its step a minute or more later.
   ports = _free_ports(2)
   return [_start({"mode": "worker", "ports": ports, "index": i,
                   "backend": "pc:graph", "timeout_seconds": timeout_seconds,
@@ -118,7 +120,7 @@ def test_multi_worker_dead_peer_is_an_error_not_a_hang(tmp_path):
   # peer's connection reset, the strategy's communication timeout, or its
   # peer health check), and nuts.replicas.sample_chain says so, well
   # before the test's own watchdog.
-  workers = _workers(tmp_path, die_at_step=2, timeout_seconds=15)
+  workers = _workers(tmp_path, die_at_step=2, timeout_seconds=120)
   try:
     out = _result(workers[0], timeout=600)
     workers[1].wait(timeout=60)
