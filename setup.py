@@ -24,7 +24,7 @@ setuptools.setup(
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
-                 "matplotlib>=3.8", "arviz>=0.21,<1"],
+                 "matplotlib>=3.8", "arviz>=0.21,<1", "import-linter>=2.1"],
         "bench": ["matplotlib>=3.8", "tqdm>=4.66"],
         # Stan's NUTS as a peer in benchmarks/nuts.py (needs a C++ compiler).
         "stan": ["pystan>=3.10"],

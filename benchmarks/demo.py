@@ -25,8 +25,7 @@ trajectory starts its next one instead of waiting). It prints model
 gradients per second (used by the chains, summed over chains), the other
 measurements and the ratios of `pc:xla` to each system, writes
 `benchmarks/results/nuts_demo.json` and the plot
-`benchmarks/results/nuts_demo.png`, and says how the issue's targets stand
-for each of `pc:xla`'s settings.
+`benchmarks/results/nuts_demo.png`.
 Every flag of `python -m benchmarks.nuts` passes through (see
 `benchmarks/nuts.py`; the defaults here are a smaller run).  It exits
 non-zero if one of our systems fails.  The full benchmark is
@@ -39,8 +38,8 @@ import time
 from absl import app
 
 from benchmarks import nuts as nuts_bench
-from benchmarks import nuts_report
 from benchmarks import nuts_systems
+from benchmarks import quiet
 
 FLAGS = nuts_bench.define_flags(
     problem=["logistic_regression"], systems=list(nuts_bench.DEMO_SYSTEMS),
@@ -51,6 +50,7 @@ FLAGS = nuts_bench.define_flags(
 
 
 def main(argv):
+  quiet.silence_peers()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   started = time.monotonic()
@@ -63,11 +63,6 @@ def main(argv):
   print("(the first step of each system and batch size converts and "
         "compiles: tens of seconds each)")
   payload = nuts_bench.run_from_flags(FLAGS)
-  lines = nuts_report.format_targets(payload["records"])
-  if lines:
-    print("\nThe issue's targets (reported, not tested; noisy on a shared "
-          "machine):")
-    print("\n".join(lines))
   ours = set(nuts_systems.OUR_BACKENDS)
   failed = [s for s in payload["skipped"] if s["system"] in ours]
   print(f"\ndemo finished in {time.monotonic() - started:.0f}s"

@@ -9,9 +9,9 @@ subscript and through an unchecked `tf.gather`, side by side.
 (a data-dependent loop of 20 to 99 reads per example) and sums what it
 read. `walk_checked` reads with `TABLE[k]`, a subscript the frontend
 rewrites into a gather whose index is checked (an index out of range is
-`tab.IndexOutOfRangeError` on every backend; see the README's
-"Subscripts"); `walk_unchecked` calls `tf.gather(TABLE, k)`, which is
-left as the user wrote it. Everything else is the same, so the ratio of
+`tab.IndexOutOfRangeError` on every backend; see `docs/language.md`,
+"Subscripts and slices"); `walk_unchecked` calls `tf.gather(TABLE, k)`,
+which is left as the user wrote it. Everything else is the same, so the ratio of
 their times is the cost of the checks: the fault records each read
 computes, and the one per member that the pc VM carries in its state.
 
@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import machine as machine_lib
+from benchmarks import quiet
 import tfp_autobatch as tab
 
 FLAGS = flags.FLAGS
@@ -115,6 +116,7 @@ def benchmark(backends, batch_sizes, rounds, calls):
 
 
 def main(argv):
+  quiet.silence_peers()
   del argv
   batch_sizes = [int(b) for b in FLAGS.batch_sizes]
   machine = machine_lib.machine_info()

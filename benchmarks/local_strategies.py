@@ -1,4 +1,4 @@
-r"""Gathering vs masking in the local static runtime (issue: pick the faster).
+r"""Gathering vs masking in the local static runtime: which runs faster.
 
     python -m benchmarks.local_strategies --batch_sizes=16,256 \
         --output=benchmarks/results/local_strategies.json
@@ -14,6 +14,7 @@ from absl import flags
 import numpy as np
 
 from benchmarks import programs_systems
+from benchmarks import quiet
 from tfp_autobatch import api
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import local_static
@@ -50,6 +51,7 @@ def measure(fn, x, strategy, jit_compile, repeats):
 
 
 def main(argv):
+  quiet.silence_peers()
   del argv
   rng = np.random.default_rng(0)
   records = []

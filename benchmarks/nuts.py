@@ -106,6 +106,7 @@ from benchmarks import nuts_problems
 from benchmarks import nuts_report
 from benchmarks import nuts_run
 from benchmarks import nuts_systems
+from benchmarks import quiet
 
 SYSTEMS = nuts_systems.SYSTEMS
 DEMO_SYSTEMS = ("pc:xla", "tfp_reference", "tfp_iterative", "limit",
@@ -303,6 +304,7 @@ def run_program(define, run):
   def main(argv):
     if len(argv) > 1:
       raise SystemExit(f"unexpected arguments: {argv[1:]}")
+    quiet.silence_peers()
     run(flags.FLAGS)
   define()
   app.run(main)

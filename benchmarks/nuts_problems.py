@@ -8,7 +8,7 @@ Radul et al. (2020), section 4, sample two targets with NUTS:
   weights w* ~ N(0, I) and labels y ~ Bernoulli(sigmoid(X w*)); no
   intercept.  The model is w ~ N(0, I), y_i ~ Bernoulli(sigmoid(x_i . w)).
   Chains start at w* + 0.01 N(0, I), near the posterior (whose standard
-  deviations are about 0.06).  The default step size 0.012 (the issue's
+  deviations are about 0.06).  The default step size 0.012 (our fixed
   reference setting) gives a mean acceptance statistic of about 0.97 and
   trajectories of 15 leapfrog steps (tree depth 4), occasionally 63.
 - ``correlated_gaussian``: a 100-dimensional zero-mean Gaussian (Fig. 7).

@@ -174,7 +174,7 @@ def plot(records, path):
   plt.close(fig)
 
 
-# The targets for logistic regression: (system, least ratio of
+# Performance goals for the logistic regression: (system, least ratio of
 # pc:xla's gradients/s to the system's, from this many chains on).
 TARGETS = (("tfp_reference", 1.5, 1), ("tfp_iterative", 1.0, 1),
            ("limit", 0.6, 64), ("stan", 1.0, 16))

@@ -193,7 +193,7 @@ class Ours(_KernelChains):
     # A target of its own (a new partial), so that `first_call_sec` counts
     # conversion and compilation from scratch at every size and for every
     # system: kernels with one target object share their program
-    # (nuts/programs.py), and a later size would skip the conversion.
+    # (nuts/shared_programs.py), and a later size would skip the conversion.
     self.kernel = nuts.NoUTurnSampler(
         functools.partial(problem.target_log_prob), settings.step_size,
         max_tree_depth=settings.max_tree_depth,

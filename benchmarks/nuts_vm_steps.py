@@ -70,7 +70,7 @@ def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
   traced in a `tf.function` compiled with XLA as a whole if
   `jit_compile`."""
   # A target of its own (a new partial): kernels with one target object
-  # share their program (nuts/programs.py), and `first_call_sec` counts
+  # share their program (nuts/shared_programs.py), and `first_call_sec` counts
   # conversion and compilation from scratch.
   kernel = nuts.NoUTurnSampler(
       functools.partial(problem.target_log_prob), problem.step_size,

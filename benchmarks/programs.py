@@ -70,8 +70,9 @@ import numpy as np
 
 from benchmarks import machine as machine_lib
 from benchmarks import programs_report
-from benchmarks import progress as progress_lib
 from benchmarks import programs_systems
+from benchmarks import progress as progress_lib
+from benchmarks import quiet
 from benchmarks import tfp_reference_programs as tfp_ref
 
 # ---------------------------------------------------------------------------
@@ -418,6 +419,7 @@ def run_from_flags(fv):
 
 
 def main(argv):
+  quiet.silence_peers()
   if len(argv) > 1:
     raise SystemExit("unexpected arguments: {}".format(argv[1:]))
   from absl import flags  # pylint: disable=g-import-not-at-top

@@ -38,6 +38,7 @@ from benchmarks import machine as machine_lib
 from benchmarks import programs as bench
 from benchmarks import programs_report
 from benchmarks import programs_systems
+from benchmarks import quiet
 from benchmarks import tfp_reference_programs as tfp_ref
 
 
@@ -171,6 +172,7 @@ def run_program(program, backends, batch_sizes, deadline):
 
 
 def main(argv):
+  quiet.silence_peers()
   if len(argv) > 1:
     raise app.UsageError("unexpected arguments: {}".format(argv[1:]))
   started = time.monotonic()

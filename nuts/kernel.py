@@ -31,13 +31,11 @@ import tensorflow_probability as tfp
 
 import tfp_autobatch as tab
 from nuts import chain_states
-from nuts import programs
+from nuts import shared_programs
 from nuts import random as nuts_random
 from nuts import sharding
 from nuts import target_checks
 from nuts import tree
-from tfp_autobatch.ir import ir2
-from tfp_autobatch.runtime import _tf_private
 
 __all__ = ["NoUTurnSampler", "NUTSKernelResults"]
 
@@ -138,9 +136,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   Kernels with the same `target_log_prob_fn` object (identity), tree
   settings (`max_tree_depth`, `unrolled_leapfrog_steps`,
   `num_trajectories_per_step`, `max_energy_diff`) and state layout run one
-  batched program (`nuts/programs.py`): the first step of the first of them
-  converts, traces and compiles it, and a kernel built again with the same
-  target (a notebook cell run again, a kernel per stage) reuses that. The
+  batched program (`nuts/shared_programs.py`): the first step of the first of
+  them converts, traces and compiles it, and a kernel built again with the
+  same target (a notebook cell run again, a kernel per stage) reuses that. The
   step size, backend, name and `parallel_iterations` may differ. On
   `pc:xla` they also share the step compiled with XLA for a caller's
   graph, so a caller's `tf.function` that builds its kernel at each trace
@@ -196,7 +194,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         experimental_shard_axis_names=experimental_shard_axis_names,
         experimental_chain_axis_names=chain_axis_names or None)
     # layout -> (nuts_steps, logp_and_grad), shared with the kernels that
-    # have this target and tree settings (`nuts/programs.py`); kept here,
+    # have this target and tree settings (`nuts/shared_programs.py`); kept here,
     # so that the program lives as long as this kernel.
     self._programs = {}
     self._gradient_labels = {}
@@ -295,10 +293,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
   def _program(self, layout):
     """The batched NUTS program for a state layout: the one every kernel
-    with this target and tree settings runs (`nuts/programs.py`), kept
+    with this target and tree settings runs (`nuts/shared_programs.py`), kept
     here so that it lives as long as this kernel."""
     if layout not in self._programs:
-      self._programs[layout] = programs.nuts_program(
+      self._programs[layout] = shared_programs.nuts_program(
           self.target_log_prob_fn, layout, self._tree_settings())
     return self._programs[layout]
 
@@ -309,13 +307,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     the program's first call. (The pc runtimes count the rows they compute
     themselves.)"""
     if layout not in self._gradient_labels:
-      program = nuts_steps.ir(level=1)
-      calls = {f"{f.name}/{b.label}":
-               sum(isinstance(op, ir2.Primitive) and op.batched
-                   for op in b.ops)
-               for f in program.functions for b in f.blocks}
-      self._gradient_labels[layout] = {label: n for label, n in calls.items()
-                                       if n}
+      self._gradient_labels[layout] = nuts_steps.batched_primitive_calls()
     return self._gradient_labels[layout]
 
   # -- the kernel -------------------------------------------------------------
@@ -347,7 +339,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # batched program's gradient calls get fresh tensors anyway: the
     # state parts split from its flat vector.)
     parts = [tf.identity(p) for p in parts]
-    logp, grads = programs.value_and_grads(self.target_log_prob_fn,
+    logp, grads = shared_programs.value_and_grads(self.target_log_prob_fn,
                                            parts, is_list)
     chain_states.check_log_density(logp, parts)
     target_checks.check_chains_alike(self.target_log_prob_fn, parts,
@@ -392,7 +384,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     seed = tfp.random.sanitize_seed(seed)
     if self.backend == "pc:xla":
       if self._xla_checked is None:
-        self._xla_checked = programs.shared_value(
+        self._xla_checked = shared_programs.shared_value(
             self.target_log_prob_fn, ("xla checked",), lambda call: set())
       target_checks.check_target_compiles(
           self.target_log_prob_fn, current_state, previous_kernel_results,
@@ -404,12 +396,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         tf.size(previous_kernel_results.target_log_prob))
     # Eagerly too, unless a tape may record the step: its state, seeds and
     # results around the batched program are then one call, not dozens of
-    # eager ops (a step on the 100-d Gaussian at one chain took 4.2 ms
-    # eagerly, 1.2 ms in a tf.function; scratch timing). A recorded call
+    # eager ops, several times faster for a small model. A recorded call
     # of the XLA-compiled step would fail as TensorFlow built its gradient.
     if self.backend == "pc:xla" and not (
         tf.executing_eagerly()
-        and _tf_private.record.could_possibly_record()):
+        and tab.tape_may_record()):
       return self._shared_step(current_state, previous_kernel_results, seed,
                                first_chain)
     return self._one_step(current_state, previous_kernel_results, seed,
@@ -421,16 +412,15 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 
     Otherwise the state's flattening, the chains' seeds and the results
     around the batched program are a few dozen small ops for the caller's
-    executor, 0.3 ms a step (NUTS on the 100-d Gaussian, 1 and 16 chains,
-    3.84 -> 3.56 and 5.62 -> 5.33 ms; 2 CPU cores, A/B in one process, 8
-    alternating rounds). The `tf.function` is one for all the kernels of
-    this target and tree settings (`programs.shared_value`), as their
-    program is: a kernel built again, at each trace of the caller's
-    function, reuses its traces and XLA's compilations. It traces the step
+    executor, a few percent of a step on a small model
+    (`python -m benchmarks.nuts_vm_steps`). The `tf.function` is one for
+    all the kernels of this target and tree settings
+    (`shared_programs.shared_value`), as their program is: a kernel built
+    again, at each trace of the caller's function, reuses its traces and XLA's compilations. It traces the step
     of the kernel that calls it (`_STEPPING`), which builds what any of
     them would."""
     if self._compiled_step is None:
-      self._compiled_step = programs.shared_value(
+      self._compiled_step = shared_programs.shared_value(
           self.target_log_prob_fn, ("compiled step",) + self._tree_settings(),
           lambda call: tf.function(functools.partial(_step_of_caller),
                                    jit_compile=True, autograph=False))
@@ -514,7 +504,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                        flat(grads), step, chain_keys, backend=self.backend)
     except tab.TypeInferenceError as e:
       cause = e.__cause__
-      if not _raised_in(cause, programs.call_target):
+      if not _raised_in(cause, shared_programs.call_target):
         raise
       collective = sharding.explain_collective_error(cause)
       if collective is not None:

@@ -96,12 +96,9 @@ def normal(seed, words, size, dtype=tf.float64):
   Box-Muller runs in the draw's own precision (float32 below float64):
   a float64 logarithm and cosine cost a CPU several times their float32
   versions, and accelerators far more. A float32 draw is the float64 draw
-  to float32 precision. (NUTS on the 100-d Gaussian, 64 chains, 10 fused
-  trajectories: the momentum draw's block took about 7% of the kernel
-  time with float64 math, `benchmarks.nuts_profile`, partly because XLA
-  recomputed it for each of the four registers that start as the
-  momentum; the VM now computes such a value once, see
-  `tfp_autobatch.runtime.vectorize`.)
+  to float32 precision. (With float64 math the momentum draw's block was a
+  visible share of NUTS's time on the 100-d Gaussian at 64 chains:
+  `python -m benchmarks.nuts_profile`.)
   """
   compute = tf.float64 if dtype == tf.float64 else tf.float32
   lanes = tf.range(size, dtype=tf.int32)

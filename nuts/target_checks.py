@@ -8,7 +8,7 @@ import re
 import tensorflow as tf
 
 from nuts import chain_states
-from nuts import programs
+from nuts import shared_programs
 
 __all__ = ["check_chains_alike", "check_target_compiles"]
 
@@ -32,7 +32,7 @@ def check_chains_alike(target, parts, is_list, chain_rank):
   one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
          for p in parts]
   try:
-    logp_one = programs.call_target(target, one, is_list)
+    logp_one = shared_programs.call_target(target, one, is_list)
   except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
     # E.g. a tf.function whose input_signature fixes the chain count.
     raise ValueError(
@@ -89,7 +89,7 @@ def check_target_compiles(target, current_state, kernel_results, checked):
     return [tf.TensorSpec([rows] + p.shape[chain_ndims:].as_list(),
                           p.dtype) for p in parts]
   as_traced = tf.function(
-      lambda *xs: programs.value_and_grads(target, list(xs), is_list),
+      lambda *xs: shared_programs.value_and_grads(target, list(xs), is_list),
       input_signature=specs(1 if chains_known else None), autograph=False)
   compiled = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
                          autograph=False)

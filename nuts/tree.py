@@ -216,17 +216,10 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
       # The base case (depth 0: one leaf) and, written out, the recursive
       # case below with `leaf` for the halves (depth 1): a subtree of one
       # or two leaves takes the batched program one step, and the model
-      # is called from two places only. (Written out down to four leaves,
-      # a subtree of up to four leaves is one step too, its early returns
-      # chained in that step: one transition on the 100-d Gaussian took
-      # 59 VM steps instead of 119 and about 15% less time at one chain,
-      # but 1.6x the time at 64 chains, where each of the four gradient
-      # calls computes at least an eighth of the batch, and the first
-      # call compiled 40% longer. 2 CPU cores, 2026-11-25. Measured again
-      # with calls gathered down to one row, 2026-11-26: 85 instead of 145
-      # VM steps and 1.56 against 1.62 ms on the Gaussian at one chain,
-      # no change on the regression at 1 and 4 chains, whose transitions
-      # are their gradients; not worth a second program.)
+      # is called from two places only. Writing it out down to four leaves
+      # halves the VM steps but barely changes time at one chain, slows
+      # many chains (four gradient call sites) and compiles longer, so it
+      # is not done (`python -m benchmarks.nuts_vm_steps`).
       first = leaf(q, p, grad, eps, h0)
       if depth == 0 or not first.ok:
         return first

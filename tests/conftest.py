@@ -17,7 +17,8 @@ os.environ.setdefault("TFP_AUTOBATCH_DEBUG", "1")
 
 _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if _TESTS_DIR not in sys.path:
-  sys.path.insert(0, _TESTS_DIR)  # so that `import programs` works in any import mode
+  # So that `import example_programs` works in any import mode.
+  sys.path.insert(0, _TESTS_DIR)
 
 
 def pytest_configure(config):

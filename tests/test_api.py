@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tfp_autobatch as tab
-from programs import count_loop
+from example_programs import count_loop
 
 LOCAL_BACKENDS = [b for b in tab.BACKENDS if b.startswith("local:")]
 
@@ -117,6 +117,29 @@ def test_batched_primitive_runs_on_the_batch():
   x = np.array([[1.0, 1.0], [2.0, 2.0]], np.float32)
   np.testing.assert_allclose(f(x), [2.0, 8.0])
   np.testing.assert_allclose(f.reference(x), [2.0, 8.0])
+
+
+def test_batched_primitive_calls_names_the_blocks_that_call_them():
+  @tab.batch
+  def f(x):
+    s = _batched_sum(x) + _batched_sum(x * 3.0)
+    if s > 3:
+      s = _batched_sum(x * 2.0)
+    return s
+  f(np.array([[1.0, 1.0], [2.0, 2.0]], np.float32), backend="local:eager")
+  calls = f.batched_primitive_calls()
+  assert sorted(calls.values()) == [1, 2]
+  program = f.ir(level=1)
+  labels = {f"{fn.name}/{b.label}" for fn in program.functions
+            for b in fn.blocks}
+  assert set(calls) < labels
+
+
+def test_tape_may_record_is_true_only_under_a_tape():
+  assert not tab.tape_may_record()
+  with tf.GradientTape():
+    assert tab.tape_may_record()
+  assert not tab.tape_may_record()
 
 
 @pytest.mark.parametrize("reduce", [

@@ -652,3 +652,25 @@ def test_results_record_the_machine_before_creating_their_file(
   assert seen == [False]
   with open(path) as f:
     assert json.load(f) == {"machine": {"git": "x"}, "records": [1]}
+
+
+@pytest.mark.slow  # a subprocess: TensorFlow import and an XLA compile
+def test_demo_prints_no_tensorflow_warnings(tmp_path):
+  """`make demo`'s output is the benchmark's own: no TensorFlow start-up or
+  logging lines, no peers' warnings (TFP's complex128 cast in its ESS
+  estimator, deprecations) and no progress bars when not on a terminal."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  result = subprocess.run(
+      [sys.executable, "-m", "benchmarks.demo",
+       "--systems=pc:xla", "--batch_sizes=2",
+       "--num_trajectories_per_step=1", "--num_results=2", "--num_burnin=1",
+       "--rounds=1", "--num_dims=3", "--num_data=20",
+       "--output=" + str(tmp_path / "demo.json"), "--plot="],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+      check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "demo finished" in result.stdout
+  output = result.stdout + result.stderr
+  for noise in ("WARNING", "casting", "deprecat", "oneDNN", "cuda",
+                "Ignoring Assert", "it/s", "step/s"):
+    assert noise.lower() not in output.lower(), (noise, output)

@@ -1,7 +1,7 @@
 """Differential tests: every backend against two independent answers.
 
-For each program of `programs.PROGRAMS`, each backend of `tab.BACKENDS` and
-each batch size, a batched call must equal
+For each program of `example_programs.PROGRAMS`, each backend of `tab.BACKENDS`
+and each batch size, a batched call must equal
 
   * `fn.reference(*inputs)`, the reference interpreter run example by example
     (the source of truth), and
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import programs
+import example_programs
 import tfp_autobatch as tab
 
 # (program, backend) pairs that take more than ~10 s on a 2-core CPU: the
@@ -54,12 +54,12 @@ def _backend_id(backend):
 
 
 PROGRAM_CASES = [pytest.param(p.name, b, id=f"{p.name}-B{b}")
-                 for p in programs.PROGRAMS for b in p.batch_sizes]
+                 for p in example_programs.PROGRAMS for b in p.batch_sizes]
 BACKEND_CASES = [
     pytest.param(p.name, b, backend, id=f"{p.name}-B{b}-{_backend_id(backend)}",
                  marks=[pytest.mark.slow] if (p.name, backend) in SLOW else [])
-    for p in programs.PROGRAMS for b in p.batch_sizes for backend in tab.BACKENDS]
-assert set(EMPTY_BATCH_PROGRAMS) <= set(programs.PROGRAMS_BY_NAME)
+    for p in example_programs.PROGRAMS for b in p.batch_sizes for backend in tab.BACKENDS]
+assert set(EMPTY_BATCH_PROGRAMS) <= set(example_programs.PROGRAMS_BY_NAME)
 EMPTY_CASES = [pytest.param(name, backend, id=f"{name}-{_backend_id(backend)}")
                for name in EMPTY_BATCH_PROGRAMS for backend in tab.BACKENDS]
 
@@ -71,7 +71,7 @@ EMPTY_CASES = [pytest.param(name, backend, id=f"{name}-{_backend_id(backend)}")
 @functools.lru_cache(maxsize=None)
 def batch_inputs(name, batch_size):
   rng = np.random.default_rng(zlib.crc32(f"{name}/{batch_size}".encode()))
-  return programs.PROGRAMS_BY_NAME[name].make_inputs(batch_size, rng)
+  return example_programs.PROGRAMS_BY_NAME[name].make_inputs(batch_size, rng)
 
 
 def member(inputs, i):
@@ -91,14 +91,14 @@ def stack(results):
 @functools.lru_cache(maxsize=None)
 def python_loop(name, batch_size):
   """The original function run eagerly on each example, results stacked."""
-  fn = programs.PROGRAMS_BY_NAME[name].fn
+  fn = example_programs.PROGRAMS_BY_NAME[name].fn
   inputs = batch_inputs(name, batch_size)
   return stack([fn.run_unbatched(*member(inputs, i)) for i in range(batch_size)])
 
 
 @functools.lru_cache(maxsize=None)
 def reference(name, batch_size):
-  fn = programs.PROGRAMS_BY_NAME[name].fn
+  fn = example_programs.PROGRAMS_BY_NAME[name].fn
   return to_numpy(fn.reference(*batch_inputs(name, batch_size)))
 
 
@@ -155,7 +155,7 @@ def assert_results_match(got, want, prog, inputs, what, tolerance=TOLERANCE):
 @pytest.mark.parametrize("name, batch_size", PROGRAM_CASES)
 def test_python_loop_matches_oracle(name, batch_size):
   """Checks the programs (and `run_unbatched`) against plain NumPy/Python."""
-  prog = programs.PROGRAMS_BY_NAME[name]
+  prog = example_programs.PROGRAMS_BY_NAME[name]
   inputs = batch_inputs(name, batch_size)
   answers = [prog.oracle(*tf.nest.map_structure(lambda a: a[i], inputs))
              for i in range(batch_size)]
@@ -169,7 +169,7 @@ def test_python_loop_matches_oracle(name, batch_size):
 
 @pytest.mark.parametrize("name, batch_size", PROGRAM_CASES)
 def test_reference_matches_python_loop(name, batch_size):
-  prog = programs.PROGRAMS_BY_NAME[name]
+  prog = example_programs.PROGRAMS_BY_NAME[name]
   inputs = batch_inputs(name, batch_size)
   assert_results_match(reference(name, batch_size), python_loop(name, batch_size),
                        prog, inputs, "reference vs run_unbatched loop")
@@ -177,7 +177,7 @@ def test_reference_matches_python_loop(name, batch_size):
 
 @pytest.mark.parametrize("name, batch_size, backend", BACKEND_CASES)
 def test_backend_matches_reference_and_python_loop(name, batch_size, backend):
-  prog = programs.PROGRAMS_BY_NAME[name]
+  prog = example_programs.PROGRAMS_BY_NAME[name]
   inputs = batch_inputs(name, batch_size)
   got = prog.fn(*inputs, backend=backend)
   for leaf in tf.nest.flatten(got):
@@ -192,7 +192,7 @@ def test_backend_matches_reference_and_python_loop(name, batch_size, backend):
 @pytest.mark.parametrize("name, backend", EMPTY_CASES)
 def test_empty_batch(name, backend):
   """A batch of zero members gives empty outputs of the declared dtypes."""
-  prog = programs.PROGRAMS_BY_NAME[name]
+  prog = example_programs.PROGRAMS_BY_NAME[name]
   inputs = batch_inputs(name, 0)
   got = to_numpy(prog.fn(*inputs, backend=backend))
   # Expected per-member shapes come from a two-member batch run example by example.

@@ -10,10 +10,10 @@ import tensorflow as tf
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.frontend import convert
-from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.ir import verify
+from tfp_autobatch.operators import pyops
 
 _LIMIT = 100   # a Python number bound outside the functions under test
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import programs
+import example_programs
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir1
@@ -15,7 +15,7 @@ from tfp_autobatch.runtime import reference
 INT = [types_lib.TensorType(tf.int32, ())]
 BACKENDS = ("local:eager", "local:eager_xla", "pc:eager", "pc:graph",
             "pc:xla")
-collatz = programs.PROGRAMS_BY_NAME["collatz_steps"].fn   # a while around an if
+collatz = example_programs.PROGRAMS_BY_NAME["collatz_steps"].fn   # a while around an if
 
 
 def _branches(fn, arg_types=INT, backend=None):

@@ -2,7 +2,7 @@
 
 `v[i]` and `m[i, j]` with per-example indices become gathers, which
 TensorFlow raises on and XLA clamps; the frontend's subscripts check their
-indices themselves (`frontend/subscripts.py`), so `pc:xla` and
+indices themselves (`operators/subscripts.py`), so `pc:xla` and
 `local:eager_xla` raise too, never returning a clamped row.
 """
 import inspect
@@ -12,12 +12,13 @@ import pytest
 import tensorflow as tf
 
 import nuts.tree
-import programs
+import example_programs
 import tfp_autobatch as tab
 from tfp_autobatch import api
 from tfp_autobatch import pipeline
-from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.operators import single_example
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.runtime import local_static
 from tfp_autobatch.runtime import vectorize
 
@@ -308,12 +309,12 @@ def test_only_subscripts_that_may_gather_are_checked():
 
 
 def test_only_code_with_checked_subscripts_returns_fault_records():
-  assert not _sites(programs.fib)
-  [test] = pipeline.convert_program(programs.fib).entry.blocks[0].ops
-  assert len(vectorize.single_example_fn(test, [types_lib.TensorType(
+  assert not _sites(example_programs.fib)
+  [test] = pipeline.convert_program(example_programs.fib).entry.blocks[0].ops
+  assert len(single_example.single_example_fn(test, [types_lib.TensorType(
       tf.bool, ())])(tf.constant(3))) == 1
   [read] = pipeline.convert_program(shifted).entry.blocks[0].ops
-  run = vectorize.single_example_fn(read, [types_lib.TensorType(
+  run = single_example.single_example_fn(read, [types_lib.TensorType(
       tf.float32, ())])
   value, fault = run(tf.constant(5))
   assert value == 30 and fault.numpy().tolist() == [0, 0]

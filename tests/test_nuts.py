@@ -407,28 +407,29 @@ def test_pc_xla_transition_copies_no_register_bank():
   kernel.one_step(state, results, seed=[1, 2])
   program = kernel.batched_program(state, results)
   runtime = pipeline.runtime(program, program._last_types, "pc:xla")  # pylint: disable=protected-access
-  assert any(len(d.blocks) == 1 for d in runtime._dispatches)  # pylint: disable=protected-access
+  layout = runtime.layout_for(len(INIT))
+  assert any(len(d.blocks) == 1 for d in layout.dispatches)
   # Blocks are grouped by what they write to registers and to stacks
   # apart: the block after a first half pushes a whole Subtree but writes
   # three [d] registers, so it pads no register write to the 16 rows of a
   # trajectory's doubling (`trajectory/body2.1`).
   labels = [b.label for b in program.ir(level=2).blocks]
-  after_first_half = runtime._dispatch_of[labels.index(  # pylint: disable=protected-access
+  after_first_half = layout.dispatch_of[labels.index(
       _after_first_half(program.ir(level=2)))]
-  doubling = runtime._dispatch_of[labels.index("trajectory/body2.1")]  # pylint: disable=protected-access
+  doubling = layout.dispatch_of[labels.index("trajectory/body2.1")]
   vector = ("float64", (3,))
   assert after_first_half.bank_capacity[vector] == 3
   assert doubling.bank_capacity[vector] == 16
   # The dispatches' loops run from the program's last dispatch to its first
   # (by their lowest block): replaying NUTS's block sequence, the order
   # that saves the most loop conditions of the simple ones.
-  lowest = [min(d.blocks) for d in runtime._dispatches]  # pylint: disable=protected-access
+  lowest = [min(d.blocks) for d in layout.dispatches]
   assert lowest == sorted(lowest, reverse=True) and len(lowest) > 2
   compiled = runtime._compiled[(len(INIT), False)]  # pylint: disable=protected-access
   args = [tf.zeros(spec.shape, spec.dtype) for spec in
           compiled.get_concrete_function().structured_input_signature[0]]
   hlo = compiled.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
-  for (dtype, shape), registers in runtime._banks.sizes.items():  # pylint: disable=protected-access
+  for (dtype, shape), registers in layout.banks.sizes.items():
     dims = ",".join(str(d) for d in (registers, len(INIT)) + shape)
     assert not re.findall(rf"= f\d+\[{dims}\]\S* copy\(", hlo), dtype
 

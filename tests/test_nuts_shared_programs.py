@@ -1,5 +1,5 @@
 """Kernels with the same target, tree settings and state layout share one
-batched NUTS program (`nuts/programs.py`); the cache frees it with the
+batched NUTS program (`nuts/shared_programs.py`); the cache frees it with the
 target. Deterministic (fixed seeds): false-failure rate 0."""
 import gc
 import weakref
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import nuts
-from nuts import programs
+from nuts import shared_programs
 from tfp_autobatch import pipeline
 
 INIT = np.random.RandomState(2).randn(3, 2)
@@ -128,7 +128,7 @@ def test_the_program_is_freed_with_its_kernels_and_target():
   assert target_ref() is None
   assert data_ref() is None
   assert program_ref() is None
-  assert not any(s.target_ref() is None for s in programs._SHARED.values())  # pylint: disable=protected-access
+  assert not any(s.target_ref() is None for s in shared_programs._SHARED.values())  # pylint: disable=protected-access
   # A program's gradient kept apart from its kernels and target says so.
   with pytest.raises(RuntimeError, match="target_log_prob_fn of this NUTS "
                      "program was freed"):

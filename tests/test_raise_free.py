@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import programs
+import example_programs
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
+from tfp_autobatch.analysis import raise_free
 from tfp_autobatch.ir import types as types_lib
-from tfp_autobatch.runtime import raise_free
 
 INT = [types_lib.TensorType(tf.int32, ())]
 
@@ -21,7 +21,7 @@ def _blocks_that_cannot_raise(fn, types):
 
 def test_integer_code_of_total_ops_cannot_raise():
   # collatz: comparisons, sums, products, and // and % by the constant 2.
-  assert all(_blocks_that_cannot_raise(programs.collatz_steps,
+  assert all(_blocks_that_cannot_raise(example_programs.collatz_steps,
                                        INT).values())
 
 
@@ -47,7 +47,7 @@ def test_what_may_raise_or_poison_is_not_counted_harmless():
   assert not all(_blocks_that_cannot_raise(_divides, INT + INT).values())
   assert all(_blocks_that_cannot_raise(_halves_by_constant, INT).values())
   # A gather by a per-example index.
-  assert not all(_blocks_that_cannot_raise(programs.find_first, [
+  assert not all(_blocks_that_cannot_raise(example_programs.find_first, [
       types_lib.TensorType(tf.float32, (5,)),
       types_lib.TensorType(tf.float32, ())]).values())
   # Floating-point code: a junk row's infinity would poison gradients.

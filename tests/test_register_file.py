@@ -234,7 +234,7 @@ def test_banks_disabled_bank_nothing():
 
 
 def test_the_differential_tests_run_a_batch_packed_as_rows():
-  # `tests/programs.py`'s every-batch-size programs run pc:xla on a batch
-  # whose register files are rows (checked against their oracles).
-  import programs   # pylint: disable=import-outside-toplevel
-  assert max(programs.ALL_BATCHES) >= register_file.ROWS_FROM_BATCH
+  # `tests/example_programs.py`'s every-batch-size programs run pc:xla on a
+  # batch whose register files are rows (checked against their oracles).
+  import example_programs   # pylint: disable=import-outside-toplevel
+  assert max(example_programs.ALL_BATCHES) >= register_file.ROWS_FROM_BATCH

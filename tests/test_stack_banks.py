@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import programs
+import example_programs
 from tfp_autobatch import errors
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import stack_banks
@@ -108,17 +108,18 @@ def test_more_writes_than_reserved_is_an_ir_error():
 def test_compiled_loop_scatters_once_per_bank():
   # tree_depth_sum keeps two int32 arguments and an int32 result across its
   # recursive calls: with the pc, several int32 stacks, one bank.
-  fn = programs.tree_depth_sum
+  fn = example_programs.tree_depth_sum
   args = [tf.constant([3, 1, 2], tf.int32), tf.constant([0, 1, 2], tf.int32)]
   fn(*args, backend="pc:xla")
   runtime = pipeline.runtime(fn, fn._last_types, "pc:xla")  # pylint: disable=protected-access
-  stacks = runtime._stacks  # pylint: disable=protected-access
+  layout = runtime.layout_for(3)
+  stacks = layout.stacks
   assert len(stacks.names) > len(stacks.sizes) == 1
   hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
       stage="optimized_hlo")
   # One scatter per bank in each dispatch's loop (see
   # `dispatch.group_blocks`) that writes the bank.
-  dispatches = runtime._dispatches  # pylint: disable=protected-access
+  dispatches = layout.dispatches
   writing = [d for d in dispatches if d.stack_capacity[("int32", ())]]
   assert all(not any(d.bank_capacity.values()) for d in dispatches)
   assert len(re.findall(r" scatter\(", hlo)) == len(writing) >= 1

@@ -23,6 +23,7 @@ from tfp_autobatch.errors import IRError
 from tfp_autobatch.errors import StackOverflowError
 from tfp_autobatch.errors import TypeInferenceError
 from tfp_autobatch.errors import UnknownBackendError
+from tfp_autobatch.runtime.no_gradient import tape_may_record
 from tfp_autobatch.runtime.stats import RunStats
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "BACKENDS", "default_backend", "AutobatchError", "ConversionError",
     "IndexOutOfRangeError", "IRError", "StackOverflowError",
     "TypeInferenceError", "UnknownBackendError", "RunStats",
+    "tape_may_record",
 ]

@@ -12,11 +12,13 @@ from tfp_autobatch import backends
 from tfp_autobatch import config
 from tfp_autobatch import errors
 from tfp_autobatch import pipeline
+from tfp_autobatch.frontend import batched_callees
+from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.operators import single_example
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import reference
 from tfp_autobatch.runtime import stats as stats_lib
-from tfp_autobatch.runtime import vectorize
 
 DEFAULT_MAX_STACK_DEPTH = 64
 
@@ -25,7 +27,7 @@ DEFAULT_MAX_STACK_DEPTH = 64
 _UNBATCHED = contextvars.ContextVar("tfp_autobatch_unbatched", default=False)
 
 
-class BatchedFunction:
+class BatchedFunction(batched_callees.BatchedFunctionBase):
   """A function written for one example, callable on a batch.
 
   Call it with batches (tensors, arrays, or tuples, namedtuples or dicts of
@@ -133,7 +135,7 @@ class BatchedFunction:
       args = self._in_parameter_order(args, batches)
     if _UNBATCHED.get():
       return self.python_function(*args)
-    if vectorize.inside_vectorized_code.get():
+    if single_example.inside_vectorized_code.get():
       raise errors.ConversionError(
           f"batched function {self.python_function.__name__} was called "
           "from single-example code (a plain helper function or lambda "
@@ -200,6 +202,18 @@ class BatchedFunction:
       return pipeline.typed_program(self, self._last_types, backend)
     return pipeline.convert_program(self)
 
+  def batched_primitive_calls(self, backend=None):
+    """`{"function/label": n}` for the blocks of `ir(level=1, backend)`
+    that call batched primitives, `n` calls each. The local backends'
+    `RunStats` name blocks the same way, so a caller can count the rows
+    its batched primitives computed from the block counts."""
+    program = self.ir(level=1, backend=backend)
+    calls = {f"{f.name}/{b.label}":
+             sum(isinstance(op, ir1.Primitive) and op.batched
+                 for op in b.ops)
+             for f in program.functions for b in f.blocks}
+    return {label: n for label, n in calls.items() if n}
+
   def reference(self, *args):
     """Runs the reference interpreter on each example; stacks the results."""
     args, arg_types, batch_size = _prepare(self, args)
@@ -228,7 +242,7 @@ def _prepare(fn, args):
 
   Arguments that are all arrays or eager tensors of the dtypes and shapes
   of the last such call skip the checks and typing: the same loop calling
-  a small batch paid 18 of its 200 us (scratch timing) to repeat them."""
+  a small batch paid about a tenth of each call to repeat them."""
   key = _dense_key(args)
   if key is not None:
     last = fn._last_dense   # pylint: disable=protected-access
@@ -342,7 +356,7 @@ def _same_batch_size(fn, args):
   return batch_state.with_rows(args, tf.shape(leaves[0])[0], message), None
 
 
-class BatchedPrimitive:
+class BatchedPrimitive(batched_callees.BatchedPrimitiveBase):
   """A function that already maps over the leading (batch) dimension.
 
   Called from a batched function, it runs once on the batch of active
@@ -359,16 +373,13 @@ class BatchedPrimitive:
       batched = [tf.nest.map_structure(lambda x: tf.expand_dims(x, 0), a)
                  for a in args]
       return tf.nest.map_structure(lambda x: x[0], self.fn(*batched))
-    if vectorize.inside_vectorized_code.get():
+    if single_example.inside_vectorized_code.get():
       raise errors.ConversionError(
           f"batched primitive {self.fn.__name__} was called from single-"
           "example code (a helper function or lambda); call it directly in "
           "the body of the @tab.batch function, as `y = "
           f"{self.fn.__name__}(x)`.")
     return self.fn(*args)
-
-  def as_primitive_fn(self):
-    return lambda *args: (self.fn(*args),)
 
 
 def batch(fn=None, *, max_stack_depth=DEFAULT_MAX_STACK_DEPTH, backend=None):

@@ -3,6 +3,11 @@
 A strategy (local static, program counter) is written once; an execution mode
 (eager, graph, XLA) is the `vectorize.KernelCache` or VM it is given. Adding a
 backend is adding a line to `_FACTORIES`.
+
+A factory takes the typed IR-1 program and the function that lowers it to
+IR-2 (`pipeline.stack_program_of`), which the pc backends run: `pipeline`
+builds runtimes from here, so this module takes the lowering as an argument
+rather than importing `pipeline` back.
 """
 from tfp_autobatch import errors
 from tfp_autobatch.runtime import local_static
@@ -11,7 +16,8 @@ from tfp_autobatch.runtime import vectorize
 
 
 def _local(jit_compile):
-  def make(program, max_stack_depth):
+  def make(program, max_stack_depth, stack_program_of):
+    del stack_program_of   # the local strategies run IR-1
     return local_static.LocalStaticRuntime(
         program, vectorize.KernelCache(jit_compile=jit_compile),
         max_stack_depth, strategy="gather", bucket=jit_compile)
@@ -19,9 +25,8 @@ def _local(jit_compile):
 
 
 def _pc(mode, schedule="primitives_last"):
-  def make(program, max_stack_depth):
-    from tfp_autobatch import pipeline
-    return pc_vm.PcVmRuntime(pipeline.stack_program_of(program),
+  def make(program, max_stack_depth, stack_program_of):
+    return pc_vm.PcVmRuntime(stack_program_of(program),
                              max_stack_depth, mode=mode, schedule=schedule)
   return make
 
@@ -52,5 +57,8 @@ def check_name(name):
   return name
 
 
-def make_runtime(name, program, max_stack_depth):
-  return _FACTORIES[check_name(name)](program, max_stack_depth)
+def make_runtime(name, program, max_stack_depth, stack_program_of):
+  """The runtime of backend `name` for typed IR-1 `program`;
+  `stack_program_of(program)` is its IR-2 (see the module docstring)."""
+  return _FACTORIES[check_name(name)](program, max_stack_depth,
+                                      stack_program_of)

@@ -2,6 +2,8 @@
 import contextlib
 import contextvars
 
+from tfp_autobatch import backends
+
 _DEFAULT_BACKEND = contextvars.ContextVar("tfp_autobatch_default_backend",
                                           default="pc:xla")
 
@@ -17,7 +19,6 @@ def default_backend(name):
       with tab.default_backend("local:eager"):
         fib(x)
   """
-  from tfp_autobatch import backends
   backends.check_name(name)
   token = _DEFAULT_BACKEND.set(name)
   try:

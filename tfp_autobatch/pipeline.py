@@ -15,21 +15,22 @@ With TFP_AUTOBATCH_DEBUG=1 (the tests set it), `verify` runs after each pass.
 import itertools
 import os
 
+from tfp_autobatch import backends
+from tfp_autobatch.analysis import definite_assignment
 from tfp_autobatch.frontend import convert
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.ir import verify as verify_lib
 from tfp_autobatch.passes import branch_at_call
-from tfp_autobatch.passes import definite_assignment
 from tfp_autobatch.passes import if_to_select
 from tfp_autobatch.passes import infer_types
 from tfp_autobatch.passes import inline
-from tfp_autobatch.passes import tail_duplicate
 from tfp_autobatch.passes import lower
 from tfp_autobatch.passes import redundant_copies
 from tfp_autobatch.passes import return_early
 from tfp_autobatch.passes import stack_optimize
+from tfp_autobatch.passes import tail_duplicate
 
 CACHE_ATTRIBUTE = "_pipeline_cache"   # the cache's name on the function
 
@@ -94,7 +95,6 @@ def selects_floats(backend):
   """Whether `backend`'s program makes floating-point `if`s selects too:
   only where no gradient can go through it (`pc:xla`), since a select's
   gradient turns the untaken arm's NaN into a NaN gradient."""
-  from tfp_autobatch import backends
   return backend in backends.NEVER_DIFFERENTIATED
 
 
@@ -187,12 +187,11 @@ def stack_program(entry, arg_types, backend=None):
 
 
 def runtime(entry, arg_types, backend):
-  from tfp_autobatch import backends
   cache = _cache(entry)
   key = ("runtime", types_lib.hashable(tuple(arg_types)), backend,
          entry.max_stack_depth)
   if key not in cache:
     cache[key] = backends.make_runtime(
         backend, typed_program(entry, arg_types, backend),
-        entry.max_stack_depth)
+        entry.max_stack_depth, stack_program_of)
   return cache[key]

@@ -7,7 +7,8 @@ nbformat.write(nb, path)
 print("executed", path)
 # Drop the C++ start-up log lines TensorFlow prints on stderr before absl logging starts,
 # matplotlib's notes about fonts this machine lacks, and XLA's notes that it
-# drops asserts (the VM's overflow check; see the README's "Recursion depth").
+# drops asserts (the VM's overflow check; see docs/backends.md, "Recursion
+# depth").
 nb = nbformat.read(path, as_version=4)
 for cell in nb.cells:
     if cell.cell_type == "code":

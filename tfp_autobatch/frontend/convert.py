@@ -22,10 +22,11 @@ import tensorflow as tf
 
 from tfp_autobatch import errors
 from tfp_autobatch.frontend import _source
+from tfp_autobatch.frontend import batched_callees
 from tfp_autobatch.frontend import expression_lowering
 from tfp_autobatch.frontend import name_analysis
-from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.operators import pyops
 
 MAX_UNROLLED_ITERATIONS = 16   # longer loops over constant ranges stay loops
 
@@ -121,11 +122,10 @@ class FunctionConverter:
 
   def batched_kind(self, node):
     """'call' for a @tab.batch function, 'primitive' for a batched primitive."""
-    from tfp_autobatch import api   # the decorators live there
     value = self.resolve(node)
-    if isinstance(value, api.BatchedFunction):
+    if isinstance(value, batched_callees.BatchedFunctionBase):
       return "call", value
-    if isinstance(value, api.BatchedPrimitive):
+    if isinstance(value, batched_callees.BatchedPrimitiveBase):
       return "primitive", value
     return None, value
 

@@ -10,8 +10,8 @@ ops and blocks through the converter that owns the function being built.
 import ast
 import copy
 
-from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.operators import pyops
 
 
 def _safe_operand(node):

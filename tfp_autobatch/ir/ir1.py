@@ -17,12 +17,15 @@ present, maps `(function, variable)` to its per-example type (see
 import dataclasses
 from typing import Callable, Optional
 
+from tfp_autobatch import errors
+from tfp_autobatch.ir import types as types_lib
+
 
 @dataclasses.dataclass(frozen=True)
 class SubscriptSite:
   """A subscript `v[i]` or `m[i, j]` of the user's code that the frontend
   rewrote into a gather (`pyops.getitem`), whose index is checked when
-  it runs (`frontend.subscripts`); what an error names."""
+  it runs (`operators.subscripts`); what an error names."""
   function: str   # the Python function's qualified name
   filename: str
   lineno: int
@@ -185,7 +188,6 @@ def format_op(op):
     case Call(outs, callee, ins):
       return f"{', '.join(outs)} = call {callee}({', '.join(ins)})"
     case _:
-      from tfp_autobatch import errors
       raise errors.IRError(f"not an IR-1 op: {op!r}")
 
 
@@ -198,12 +200,10 @@ def format_terminator(t):
     case Return():
       return "return"
     case _:
-      from tfp_autobatch import errors
       raise errors.IRError(f"not an IR-1 terminator: {t!r}")
 
 
 def format_program(program):
-  from tfp_autobatch.ir import types as types_lib
   lines = []
   for f in program.functions:
     lines.append(f"def {f.name}({', '.join(f.params)}) -> {f.result}:")

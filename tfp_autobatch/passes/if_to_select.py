@@ -5,7 +5,7 @@ of an `if` run them in different steps: in a loop whose body is an `if`
 (collatz: halve an even n, else 3n + 1), a batch whose members disagree
 takes a step per arm per iteration, each for part of the batch. When both
 arms are a few ops of integer and boolean code that raises on no values
-(`runtime.raise_free`: sums, comparisons, divisions by a nonzero
+(`analysis.raise_free`: sums, comparisons, divisions by a nonzero
 constant), running both for every member and selecting costs less than a
 step: such a branch
 
@@ -41,10 +41,10 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfp_autobatch.analysis import definite_assignment
+from tfp_autobatch.analysis import raise_free
 from tfp_autobatch.ir import ir1
-from tfp_autobatch.passes import definite_assignment
-from tfp_autobatch.runtime import raise_free
-from tfp_autobatch.runtime import vectorize
+from tfp_autobatch.operators import single_example
 
 # The TensorFlow ops an arm may compute (traced for one example; both arms
 # run for every member): collatz's arms are 1 and 2, a VM step's own
@@ -185,7 +185,7 @@ def _select_primitive(program, fn, cond, then_ops, else_ops, before):
   def run_arm(ops, out_types, env):
     env = dict(env)
     for op, op_types in zip(ops, out_types):
-      run = vectorize.single_example_fn(op, op_types)
+      run = single_example.single_example_fn(op, op_types)
       env.update(zip(op.outs, run(*[env[v] for v in op.ins])))
     return env
 

@@ -20,10 +20,10 @@ import weakref
 import tensorflow as tf
 
 from tfp_autobatch import errors
-from tfp_autobatch.frontend import pyops
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
-from tfp_autobatch.runtime import vectorize
+from tfp_autobatch.operators import pyops
+from tfp_autobatch.operators import single_example
 
 _MAX_SWEEPS = 100
 
@@ -288,12 +288,12 @@ def _strong_only(var_type):
 
 def _trace_types(op, in_types, out_types):
   """`(output types, whether the code assigned a Python number)`; traces
-  the code (`vectorize.trace_in_scratch_graph`)."""
+  the code (`single_example.trace_in_scratch_graph`)."""
   found = []
 
   def trace(*args):
     with pyops.assigning(out_types, casts_tensors=False) as assigned:
-      outs = vectorize.call_single_example_code(op, *args)
+      outs = single_example.call_single_example_code(op, *args)
     if op.batched:
       _check_keeps_the_batch(op, outs)
     found.append(([types_lib.type_of_value(v, batched=op.batched)
@@ -304,7 +304,7 @@ def _trace_types(op, in_types, out_types):
         lambda t, v=literal: _abstract_arg(t, op.batched, v), t)
             for t in in_types]
     try:
-      vectorize.trace_in_scratch_graph(trace, args)
+      single_example.trace_in_scratch_graph(trace, args)
       return found[0]
     except errors.AutobatchError:
       raise

@@ -20,9 +20,9 @@ after each `Call y = F(x)`:
 every variable of the caller, the naive discipline it improves on.
 """
 from tfp_autobatch import errors
+from tfp_autobatch.analysis import liveness
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import ir2
-from tfp_autobatch.passes import liveness
 
 
 def qualify(function, var):

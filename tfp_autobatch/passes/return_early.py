@@ -147,7 +147,7 @@ def return_early(program):
   # merges from the blocks as they were, so that gives what merging every
   # block would, without a block of a chain of n guard clauses merging
   # the rest of the chain itself only to be dropped (n**2 merges, each
-  # over a growing block: 2.1 s for 160 clauses).
+  # over a growing block: seconds for 160 clauses).
   done, guards, todo = {}, set(), [program.blocks[0].label]
   while todo:
     label = todo.pop()

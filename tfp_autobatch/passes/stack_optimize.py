@@ -24,8 +24,8 @@ possible, and make the stacked ones cheap:
 A non-recursive program ends with no variable stacks at all: only the
 program counter has one.
 """
+from tfp_autobatch.analysis import liveness
 from tfp_autobatch.ir import ir2
-from tfp_autobatch.passes import liveness
 
 
 function_of = ir2.function_of

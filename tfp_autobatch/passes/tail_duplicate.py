@@ -45,7 +45,7 @@ def _function(fn):
   while changed:
     changed = False
     # Kept up to date as blocks change (recounted at each jump, they made
-    # the pass quadratic in blocks: 1 s for an `if` of 160 arms).
+    # the pass quadratic in blocks, slow on an `if` of 160 arms).
     predecessors, size = _predecessors(blocks), _size(blocks)
     for label, block in list(blocks.items()):
       match block.terminator:

@@ -34,9 +34,9 @@ def call_concrete(concrete, args):
 
   A concrete function's own call binds its arguments to its structured
   signature (a Python `inspect`-style binding, then a flattening and a
-  check of every argument against its spec) before it runs the function:
-  for collatz on one member under pc:xla that was 35 us of a 76 us call
-  (scratch timing on this project's 2-core CPU). The runtimes call their
+  check of every argument against its spec) before it runs the function,
+  which was about half of a small program's call on few members. The
+  runtimes call their
   traces with arguments whose structure, dtypes and static shapes already
   chose the trace, so this passes them flattened straight to the
   function, through `ConcreteFunction._call_flat`, which still records

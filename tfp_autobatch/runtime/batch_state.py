@@ -79,8 +79,8 @@ def where(mask, new, old):
     if (mask.shape.rank == 1 and n.shape.rank == o.shape.rank
         and n.shape.is_compatible_with(o.shape)):
       # TensorFlow's first Select takes a mask of the rows as it is, and
-      # skips SelectV2's broadcasting: about 1 us less a call on a CPU
-      # (every VM step of `pc:graph` makes several).
+      # skips SelectV2's broadcasting, which every VM step of `pc:graph`
+      # pays several times.
       return tf.raw_ops.Select(condition=mask, x=n, y=o)
     extra = n.shape.rank - mask.shape.rank
     if extra not in masks:
@@ -91,7 +91,7 @@ def where(mask, new, old):
 
 def take(value, count):
   """The first `count` rows (a value of `count` rows as it is: an eager
-  slice costs about 0.25 ms, a local call's result is sliced at every
+  slice is costly, and a local call's result is sliced at every
   return)."""
   return tf.nest.map_structure(
       lambda x: x if x.shape[:1] == [count] else x[:count], value)

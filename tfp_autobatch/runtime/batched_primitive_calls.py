@@ -18,9 +18,9 @@ import tensorflow as tf
 # needs static shapes, so a few sizes, each compiled, stand in for the
 # member count (`member_bucket_sizes`). Halving down to one row lets the
 # last chain or two of a NUTS step run on a row or two: with buckets down to
-# Z/8 only, at 256 chains each of those calls ran on 32 rows, 1.3 ms against
-# 0.2-0.3 ms (logistic regression), and the kernel's gradient utilisation
-# was 0.91 (one trajectory a step) and 0.97 (ten), 0.996 and 0.99 now.
+# Z/8 only, those calls ran on Z/8 rows, several times slower on the
+# logistic regression, and the kernel's gradient utilisation was visibly
+# lower (`python -m benchmarks.nuts` reports it).
 # A batch size unknown at trace time gets Z/2, Z/4 and Z/8 (how many sizes
 # must be fixed before Z is known).
 UNKNOWN_BATCH_SIZE_BUCKETS = (2, 4, 8)

@@ -41,7 +41,7 @@ def size_class(elements):
   return int(elements - 1).bit_length() if elements else 0
 
 
-def group_blocks(changed, pushed, banks, stacks, z, pack):
+def group_blocks(changed, pushed, banks, stacks, batch_size, pack):
   """The blocks split into dispatches, one per class of what they write
   back, each with its bank writes sized for its own blocks.
 
@@ -51,7 +51,7 @@ def group_blocks(changed, pushed, banks, stacks, z, pack):
     pushed: per block, the names of the stacks it pushes to.
     banks: the VM's `register_file.RegisterBanks`.
     stacks: the VM's `stack_banks.StackBanks`.
-    z: the batch size (a scalar tensor).
+    batch_size: the batch size where it is known statically, else None.
     pack: whether registers and stack writes are packed (under XLA only).
       Without packing and stack banks nothing is padded, and every block
       goes into one dispatch.
@@ -82,7 +82,7 @@ def group_blocks(changed, pushed, banks, stacks, z, pack):
     stack_capacity = stacks.capacity([pushed[i] for i in blocks])
     # Banked writes are a few [K * Z, ...] tensors, not rows of the batch.
     writes = register_file.RegisterFile(
-        stacks.pack({}, z, stack_capacity),
+        stacks.packed_spec(batch_size, stack_capacity),
         enabled=pack and not stacks.enabled)
     dispatches.append(Dispatch(
         blocks, banks.capacity([changed[i] for i in blocks]),

@@ -12,10 +12,9 @@ NUTS ran dozens of one-row kernels to assemble what it returns.
 `MAX_FUSED_OPERANDS`, each level along its own axis (so XLA's simplifier,
 which merges a concatenation of concatenations along one axis, keeps the
 tree), and the whole tree fuses into one kernel with the operands'
-producers. NUTS's blocks went from 15-86 kernels to 15-38 on the 100-d
-Gaussian at one chain; one fixed transition took 3.69 -> 3.40 ms at one
-chain, 5.68 -> 5.14 ms at 16 and 22.4 -> 20.7 ms at 64 (medians of 6-8
-alternating rounds in one process, 2 CPU cores, 2026-11-24).
+producers. That roughly halves the kernels of NUTS's larger blocks and
+makes a transition faster at every chain count
+(`python -m benchmarks.nuts_vm_steps`).
 """
 import tensorflow as tf
 

@@ -23,9 +23,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch import errors
-from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import python_stack
 from tfp_autobatch.runtime import segments

@@ -35,6 +35,17 @@ from tfp_autobatch.runtime._tf_private import ops
 from tfp_autobatch.runtime._tf_private import record
 from tfp_autobatch.runtime._tf_private import resource_variable_ops
 
+
+
+def tape_may_record():
+  """Whether an active `tf.GradientTape` (or forward accumulator) may
+  record what runs now. A caller that runs a `pc:xla` program eagerly can
+  then choose to call it inside a `tf.function` only when no tape could
+  record that call (a recorded call of an XLA-compiled program fails as
+  TensorFlow builds its gradient)."""
+  return record.could_possibly_record()
+
+
 _registered = set()   # the gradient names registered (`_gradient_name`)
 _registering = threading.Lock()
 

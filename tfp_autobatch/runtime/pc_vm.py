@@ -14,6 +14,10 @@ The VM state is a dict of tensors with batch dimension Z:
                                            subscripts: each member's first
                                            index out of range (`subscripts`)
 
+Where each part of that state lives (registers, banks, stacks, and the
+blocks' grouping into dispatches) is a value, `vm_layout.VmLayout`,
+planned from the program and the batch size before the loop is traced.
+
 The big [D, Z, ...] buffers of `stacks` stay out of the blocks' results: a
 block only reads them and returns one `StackWrite` per stack it pushes (the
 row each member writes, the values, a mask), which the loop applies after
@@ -57,26 +61,25 @@ import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch import errors
-from tfp_autobatch.frontend import subscripts
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import block_runner
-from tfp_autobatch.runtime import dispatch as dispatch_lib
 from tfp_autobatch.runtime import no_gradient
 from tfp_autobatch.runtime import pfor_conditions
-from tfp_autobatch.runtime import register_file
 from tfp_autobatch.runtime import run_counters
 from tfp_autobatch.runtime import schedule as schedule_lib
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import variable_store
 from tfp_autobatch.runtime import vectorize
+from tfp_autobatch.runtime import vm_layout
 
-# How many static batch sizes `pc:graph` traces a VM of its own for (each
-# trace costs a first call: about 0.7 s for fib, several seconds for NUTS);
-# further sizes share one trace for any size (`PcVmRuntime.compiled_for`).
+# How many static batch sizes `pc:graph` traces a VM of its own for: each
+# trace costs a first call its compile time, so further sizes share one
+# trace for any size (`PcVmRuntime.compiled_for`).
 GRAPH_SIZES_TRACED = 8
 
 # The name scope of block i's ops in the compiled loop is BLOCK_SCOPE + i
@@ -130,6 +133,7 @@ class PcVmRuntime:
     self._runner = block_runner.BlockRunner(program, mode, self.kernels,
                                             self._store, self.depth)
     self._subscript_sites = self._runner.subscript_sites
+    self._layouts = {}   # static batch size or None -> vm_layout.VmLayout
     # (static batch size or None, traced for the caller's XLA) -> tf.function
     self._compiled = {}
     self._concrete = {}   # its tf.function -> its concrete function
@@ -139,8 +143,8 @@ class PcVmRuntime:
   def run(self, args, batch_size):
     del batch_size   # taken from the tensors: it may be unknown at trace time
     if self.mode == "eager":
-      # One run at a time: the eager VM's blocks and stack banks are traced
-      # for the run's batch size, and two threads' runs crossed them.
+      # One run at a time: eager runs fill the VM's caches (its layouts
+      # and kernels) as they go.
       with self._eager_lock:
         result, overflow, faults, counters = self._execute(args, eager=True)
     else:
@@ -152,8 +156,8 @@ class PcVmRuntime:
       # it, under the tapes, which then differentiate through the VM.
       if not (eager or compiled_by_xla):
         outs = self.compiled_for(args)(*args)
-      # (Eagerly only while a tape records: the wrapper costs an eager
-      # call about 0.15 ms.)
+      # (Eagerly only while a tape records: the wrapper's cost is a
+      # large part of a small batch's call, `benchmarks.programs`.)
       elif compiled_by_xla and (not eager or _tf_private.record.could_possibly_record()):
         outs = self._without_gradient(self._concrete_for(args), *args)
       else:
@@ -165,9 +169,9 @@ class PcVmRuntime:
                f"max_stack_depth={self.depth}; raise max_stack_depth=... in "
                "@tab.batch(max_stack_depth=...)")
     if tf.executing_eagerly():
-      # The counters were read in one `.numpy()` with the members that
-      # overflowed or faulted (`run_counters.ended`): each read of another
-      # result, and an eager reduction, would cost about 10 us more.
+      # The counters are read in one `.numpy()` with the members that
+      # overflowed or faulted (`run_counters.ended`): each further read,
+      # and each eager reduction, is an eager op of its own.
       self.stats = run_counters.to_stats(counters, overflow.shape[0],
                                          self._labels)
       self.stats_tensors = None
@@ -216,23 +220,19 @@ class PcVmRuntime:
     """The VM's `tf.function` for a batch like `args`.
 
     `pc:xla` compiles per batch size anyway, and traces per static batch
-    size as well: with the size known, pfor reads each row of a
-    primitive's inputs as the input itself, where with an unknown size it
-    gathers every row by its index (a gather XLA does not remove, and
-    repeats inside the fused kernels that read it): one NUTS transition
-    on the 100-d Gaussian at 4 chains went from 5.7 to 4.1 ms in an
-    in-process A/B (benchmarks/results/HISTORY.md, "Cost of a VM step,
-    change by change"). `pc:graph` traces per static batch size for its
-    first `GRAPH_SIZES_TRACED` sizes, and once more for all other sizes
-    (the batch dimension left unknown): TensorFlow folds the known size's
-    shapes, ranges and fills out of the loop, and pfor's row gathers with
-    it (fib on 4 members: 239 graph nodes run per VM step with the size
-    unknown, 198 with it known). A batch of unknown size (inside a
-    caller's `tf.function` with unknown shapes) gets the unknown-size
-    trace. `pc:graph` inside a caller's
-    `tf.function(jit_compile=True)` gets a trace of its own, which XLA can
-    compile (`pfor_conditions`), and which is called as pc:xla's is
-    (`_concrete_for`).
+    size as well: with the size known, pfor reads each row of a primitive's
+    inputs as the input itself, where with an unknown size it gathers every
+    row by its index (a gather XLA does not remove, and repeats inside the
+    fused kernels that read it; `python -m benchmarks.nuts_vm_steps`).
+    `pc:graph` traces per static batch size for its first
+    `GRAPH_SIZES_TRACED` sizes, and once more for all other sizes (the batch
+    dimension left unknown): TensorFlow folds the known size's shapes,
+    ranges and fills out of the loop, and pfor's row gathers with it, so a
+    VM step runs fewer graph nodes. A batch of unknown size (inside a
+    caller's `tf.function` with unknown shapes) gets the unknown-size trace.
+    `pc:graph` inside a caller's `tf.function(jit_compile=True)` gets a
+    trace of its own, which XLA can compile (`pfor_conditions`), and which
+    is called as pc:xla's is (`_concrete_for`).
     """
     size = _static_batch_size(args)
     for_xla = self.mode == "graph" and pfor_conditions.in_xla_context()
@@ -261,20 +261,15 @@ class PcVmRuntime:
     a graph wherever XLA compiles the VM (pc:xla, and pc:graph inside the
     caller's `jit_compile`): traced apart from the tapes recording there,
     which a trace under them would meet (see `_traced_without_tapes`).
-    pc:graph used to trace in place under the caller's tapes: a persistent
-    tape, or two tapes, had TensorFlow wrap the VM's `tf.while_loop` for
-    their higher-order gradients, with accumulators that XLA cannot size,
-    and the forward call failed ("XLA compilation requires a fixed tensor
-    list size"; a NUTS step gave no result after minutes, at over 10 GB
-    of memory).
+    Traced in place under a persistent tape, or two tapes, TensorFlow
+    wraps the VM's `tf.while_loop` for their higher-order gradients, with
+    accumulators that XLA cannot size, and the forward call fails ("XLA
+    compilation requires a fixed tensor list size").
 
     Calling a `tf.function` binds and checks its arguments against its
     signature and looks up its trace on every call; calling the trace (its
-    concrete function) directly skips that, most of a small batch's call:
-    collatz on one member went from 0.43-0.45 to 0.28-0.33 ms a call with
-    this and the overflow flags read in NumPy (`benchmarks.programs`, 2
-    CPU cores; benchmarks/README.md, "Batched programs against TFP's
-    reference autobatching")."""
+    concrete function) directly skips that, most of a small batch's call
+    (`python -m benchmarks.programs`)."""
     compiled = self.compiled_for(args)
     concrete = self._concrete.get(compiled)
     if concrete is None:
@@ -292,40 +287,44 @@ class PcVmRuntime:
   # -- the loop -------------------------------------------------------------
 
   def _execute(self, args, eager):
-    state = self._initial_state(args)
+    layout = self.layout_for(_static_batch_size(args))
+    state = self._initial_state(layout, args)
     halt = self.program.halt
     if eager:
       while True:
-        nxt = int(self.schedule.next_block(self._small(state)["pc_top"]))
+        nxt = int(self.schedule.next_block(
+            self._small(layout, state)["pc_top"]))
         if nxt >= halt:
           break
-        state = self._step(nxt, state, eager=True)
-        small = self._small(state)
+        state = self._step(layout, nxt, state, eager=True)
+        small = self._small(layout, state)
         if bool(tf.reduce_any(small["overflow"])) or (
-            self._subscript_sites
+            layout.has_index_fault
             and bool(tf.reduce_any(subscripts.faulted(small["index_fault"])))):
           break
     else:
+      def next_block(state):
+        return self.schedule.next_block(
+            self._register(layout, state, "pc_top"))
       def run(dispatch):
         def body(nxt, state):
-          state = self._step(nxt, state, eager=False, dispatch=dispatch)
-          return (self.schedule.next_block(self._register(state, "pc_top")),
-                  state)
+          state = self._step(layout, nxt, state, eager=False,
+                             dispatch=dispatch)
+          return next_block(state), state
         return body
-      start = (self.schedule.next_block(self._register(state, "pc_top")),
-               state)
-      if len(self._dispatches) == 1:
+      start = (next_block(state), state)
+      if len(layout.dispatches) == 1:
         _, state = tf.while_loop(lambda nxt, state: nxt < halt,
-                                 run(self._dispatches[0]), start)
+                                 run(layout.dispatches[0]), start)
       else:
         # A loop per dispatch, each running its blocks while the next block
         # is one of them, in a loop that runs until every member halts.
         # Each loop applies its own dispatch's bank writes (a scatter in a
         # conditional's branch would copy the whole bank instead).
-        number = [self._dispatches.index(self._dispatch_of[i])
+        number = [layout.dispatches.index(layout.dispatch_of[i])
                   for i in range(halt)] + [-1]
         def body(nxt, state):
-          for n, dispatch in enumerate(self._dispatches):
+          for n, dispatch in enumerate(layout.dispatches):
             def loop(nxt, state, n=n, dispatch=dispatch):
               return tf.while_loop(
                   lambda nxt, state: tf.equal(
@@ -341,32 +340,32 @@ class PcVmRuntime:
                                      autograph=False)(nxt, state)
           return nxt, state
         _, state = tf.while_loop(lambda nxt, state: nxt < halt, body, start)
-    small = self._small(state)
+    small = self._small(layout, state)
     result = self._store.value(small["vars"][self.program.result],
                          self.program.result)
     faults = small.get("index_fault", subscripts.no_faults(0))
     halted = small["overflow"]
     faulted = tf.zeros([0], tf.bool)
-    if self._subscript_sites:
+    if layout.has_index_fault:
       faulted = subscripts.faulted(faults)
       halted = tf.logical_or(halted, faulted)
     return (_poison(result, halted), small["overflow"], faults,
             run_counters.ended(state["counters"], small["overflow"],
                                faulted))
 
-  def _small(self, state):
+  def _small(self, layout, state):
     """The registers, pc and overflow flags, unpacked from the loop state."""
-    return self._banks.join(state["banks"],
-                            self._registers.unpack(*state["registers"]))
+    return layout.banks.join(state["banks"],
+                             layout.registers.unpack(*state["registers"]))
 
-  def _register(self, state, name):
+  def _register(self, layout, state, name):
     """`pc_top` or `pc_sp` alone from the loop state, without unpacking
     the rest (`_small` builds every leaf: a few hundred ops for the trace
-    each time, about a fifth of a NUTS trace's ops before)."""
-    return self._registers.unpack_leaf(*state["registers"],
-                                       self._pc_positions[name])
+    each time)."""
+    return layout.registers.unpack_leaf(*state["registers"],
+                                        layout.pc_positions[name])
 
-  def _step(self, nxt, state, eager, dispatch=None):
+  def _step(self, layout, nxt, state, eager, dispatch=None):
     """Runs block `nxt`, then applies its stack writes outside the block;
     `nxt` is one of `dispatch`'s blocks (a tensor; eagerly an int, whose
     dispatch is looked up).
@@ -377,23 +376,22 @@ class PcVmRuntime:
     """
     stacks = state["stacks"]
     if eager:
-      dispatch = self._dispatch_of[nxt]
+      dispatch = layout.dispatch_of[nxt]
       registers, bank_writes, packed_writes, rows, members = (
-          self._run_block(nxt, state))
+          self._run_block(layout, nxt, state))
     else:
       blocks = dispatch.blocks
       def run(i):
         with tf.name_scope(f"{BLOCK_SCOPE}{i}"):
-          return self._run_block(i, state)
+          return self._run_block(layout, i, state)
       branches = [functools.partial(run, i) for i in blocks]
       if len(blocks) == 1:
         # Still a conditional (with a branch that is never taken): a block
         # inlined into the loop lets XLA fuse its reads of the banks into
         # the loop's in-place writes to them, and XLA then copies the banks
-        # every step (2x slower NUTS steps when the hot blocks were alone in
-        # their dispatches).
+        # every step (`python -m benchmarks.nuts_vm_steps`).
         index = tf.cast(tf.not_equal(nxt, blocks[0]), tf.int32)
-        branches.append(lambda: self._no_block(state, dispatch))
+        branches.append(lambda: self._no_block(layout, state, dispatch))
       else:
         # The block's branch in this dispatch.
         index = (nxt if blocks == tuple(range(self.program.halt)) else
@@ -402,20 +400,21 @@ class PcVmRuntime:
       outputs = tf.switch_case(index, branches)
       registers, bank_writes, packed_writes, rows, members = outputs
     writes = dispatch.writes.unpack(*packed_writes)
-    banks = self._banks.apply(state["banks"], bank_writes)
-    pc_top = self._register(state, "pc_top")
-    pc_sp = self._register({"registers": registers}, "pc_sp")
+    banks = layout.banks.apply(state["banks"], bank_writes)
+    pc_top = self._register(layout, state, "pc_top")
+    pc_sp = self._register(layout, {"registers": registers}, "pc_sp")
     return {
         "registers": registers,
         "banks": banks,
-        "stacks": self._apply_stack_writes(stacks, writes, nxt, dispatch,
-                                           eager),
+        "stacks": self._apply_stack_writes(layout, stacks, writes, nxt,
+                                           dispatch, eager),
         "counters": run_counters.after_step(
             state["counters"], nxt, self.program.halt, pc_top, pc_sp, rows,
-            members if self._model_calls[dispatch.blocks] else None),
+            members if layout.model_calls[dispatch.blocks] else None),
     }
 
-  def _apply_stack_writes(self, stacks, writes, nxt, dispatch, eager):
+  def _apply_stack_writes(self, layout, stacks, writes, nxt, dispatch,
+                          eager):
     """The stacks after block `nxt` of `dispatch` wrote `writes`.
 
     Under XLA every stack takes its write (a scatter in place; masked-off
@@ -427,10 +426,10 @@ class PcVmRuntime:
     `pc:graph` copied its three stacks every step)."""
     xla = self.mode == "xla"
     if xla or pfor_conditions.in_xla_context():
-      return self._stacks.apply(stacks, writes, xla=xla)
+      return layout.stacks.apply(stacks, writes, xla=xla)
     out = dict(stacks)
-    for name in self._stacks.names:
-      writers = [i for i in dispatch.blocks if name in self._pushed[i]]
+    for name in layout.stacks.names:
+      writers = [i for i in dispatch.blocks if name in layout.pushed[i]]
       def apply(name=name):
         return stack_banks.apply_stack_write(stacks[name], writes[name])
       if eager:
@@ -442,23 +441,35 @@ class PcVmRuntime:
         out[name] = tf.cond(writes_it, apply, lambda name=name: stacks[name])
     return out
 
-  def _no_block(self, state, dispatch):
+  def _no_block(self, layout, state, dispatch):
     """What a block of `dispatch` that changes nothing returns: the packed
     registers as they are (unpacking and packing them again would cost the
     trace a few hundred ops), and writes that write nothing."""
     # Only the banked leaves are read (by `changes`, for the padding).
-    banked = self._banks.join(state["banks"],
-                              [None] * self._registers.num_leaves)
-    z = batch_state.size(self._register(state, "pc_top"))
+    banked = layout.banks.join(state["banks"],
+                               [None] * layout.registers.num_leaves)
+    z = batch_state.size(self._register(layout, state, "pc_top"))
     return (state["registers"],
-            self._banks.changes(banked, banked, frozenset(),
-                                dispatch.bank_capacity),
-            dispatch.writes.pack(self._stacks.pack({}, z,
-                                                   dispatch.stack_capacity)),
+            layout.banks.changes(banked, banked, frozenset(),
+                                 dispatch.bank_capacity),
+            dispatch.writes.pack(layout.stacks.pack(
+                {}, z, dispatch.stack_capacity)),
             tf.constant(0),
-            tf.fill([self._model_calls[dispatch.blocks]], -1))
+            tf.fill([layout.model_calls[dispatch.blocks]], -1))
 
-  def _initial_state(self, args):
+  def layout_for(self, batch_size):
+    """The `vm_layout.VmLayout` of a batch of `batch_size` members (None:
+    unknown until run time), planned once per size."""
+    layout = self._layouts.get(batch_size)
+    if layout is None:
+      layout = self._layouts[batch_size] = vm_layout.plan(
+          self.program, batch_size, self.depth, xla=self.mode == "xla",
+          live_out=self._runner.live_out)
+    return layout
+
+  def _initial_state(self, layout, args):
+    """The loop state holding `args` in the parameters, packed as `layout`
+    says."""
     p = self.program
     leaves = tf.nest.flatten(args)
     z = batch_state.size(leaves[0])
@@ -484,116 +495,47 @@ class PcVmRuntime:
         "pc_sp": tf.ones([z], tf.int32),
         "overflow": tf.zeros([z], tf.bool),
     }
-    if self._subscript_sites:
+    if layout.has_index_fault:
       small["index_fault"] = subscripts.no_faults(z)
-    # Packing pays under XLA only (elsewhere the slices and concatenations
-    # are ops of their own; the test suite ran 3x slower with them). The
-    # unoptimised layout keeps [D, Z, ...] stacks among the variables:
-    # those are not rows of the batch, so nothing is packed there.
-    pack = self.mode == "xla"
-    # The variable each leaf of `small` belongs to ("" for the pc etc.;
-    # "v#sp" for a stacked variable's stack pointer).
-    def owner(v, store):
-      if v not in p.stacked:
-        return tf.nest.map_structure(lambda _: v, store)
-      return {k: tf.nest.map_structure(
-          lambda _, k=k: v + "#sp" if k == "sp" else v, x)
-              for k, x in store.items()}
-    owners = tf.nest.flatten(dict(
-        tf.nest.map_structure(lambda _: "", small),
-        vars={v: owner(v, store) for v, store in variables.items()}))
-    self._banks = register_file.RegisterBanks(
-        small, enabled=pack and p.cached_top, names=owners)
-    banks, rest = self._banks.split(small)
-    self._changed = self._changed_positions(owners)
-    self._registers = register_file.RegisterFile(
-        rest, enabled=pack and p.cached_top)
-    # Where the pc's leaves are among the registers (never banked: ints).
-    self._pc_positions = {
-        name: next(i for i, leaf in enumerate(rest) if leaf is small[name])
-        for name in ("pc_top", "pc_sp")}
-    self._stacks = stack_banks.StackBanks(stacks, d,
-                                          enabled=pack and p.cached_top)
-    self._pushed = [self._pushed_stacks(b) for b in p.blocks]
-    self._dispatches = dispatch_lib.group_blocks(
-        self._changed, self._pushed,
-        self._banks, self._stacks, z, pack)
-    self._dispatch_of = {i: d for d in self._dispatches for i in d.blocks}
-    # Per dispatch, the most model calls one of its blocks makes: each of
-    # its blocks reports the members of that many calls (`_run_block`).
-    self._model_calls = {d.blocks: max(ir2.batched_primitive_calls(
-        p.blocks[i]) for i in d.blocks) for d in self._dispatches}
+    layout.check_state(small, stacks)
+    banks, rest = layout.banks.split(small)
     return {
-        "registers": self._registers.pack(rest),
+        "registers": layout.registers.pack(rest),
         "banks": banks,
-        "stacks": self._stacks.initial(stacks),
+        "stacks": layout.stacks.initial(stacks),
         "counters": run_counters.initial(z, p.halt),
     }
 
-  def _pushed_stacks(self, block):
-    """The stacks `block` writes: the variables it pushes (with a cached
-    top), and the pc's if it calls."""
-    names = {ir2.unguarded(op).var for op in block.ops
-             if isinstance(ir2.unguarded(op), ir2.Push)}
-    if not self.program.cached_top:
-      names = set()
-    if ir2.call_of(block.terminator):
-      names.add("pc")
-    return names
-
-  def _changed_positions(self, owners):
-    """Per block, the flat positions (in the nest of `_small`, whose leaves
-    belong to the variables `owners`) that the block may change: the
-    stack pointers of what it pushes, pops or updates, and the values it
-    assigns, pops or updates that are still live after it
-    (`BlockRunner.live_out`; a dead value is not written back)."""
-    positions = []
-    for block in self.program.blocks:
-      changed, assigned = set(), set()
-      for op in map(ir2.unguarded, block.ops):
-        if isinstance(op, ir2.Push):
-          changed.add(op.var + "#sp")
-        elif isinstance(op, (ir2.Pop, ir2.Update)):
-          changed.add(op.var + "#sp")
-          assigned.add(op.var)
-        else:
-          assigned.update(ir2.writes(op))
-      changed |= ((assigned - self.program.temporaries)
-                  & self._runner.live_out[block.label])
-      positions.append(frozenset(i for i, owner in enumerate(owners)
-                                 if owner in changed))
-    return positions
-
   # -- one block ------------------------------------------------------------
 
-  def _run_block(self, index, state):
+  def _run_block(self, layout, index, state):
     """Block `index` run on the loop state (`block_runner`): its registers,
     changed bank rows and stack writes packed as its dispatch's other
     blocks pack theirs, the rows its model calls computed, and the members
     they were made for: as many as its dispatch's blocks make at most
     (`_model_calls`), -1 past its own."""
     stacks = state["stacks"]
-    before = self._small(state)
+    before = self._small(layout, state)
     after, writes, rows, members = self._runner.run(
         index, self.program.blocks[index], before,
-        lambda v: self._stacks.view(stacks, v))
+        lambda v: layout.stacks.view(stacks, v))
     # The loop writes only the stacks `_pushed` names (see
     # `_apply_stack_writes`; under XLA their banks are sized by it).
-    unplanned = set(writes) - self._pushed[index]
+    unplanned = set(writes) - layout.pushed[index]
     if unplanned:
       raise errors.IRError(
           f"{self._labels[index]}: writes stacks {sorted(unplanned)} that "
           "the VM did not plan for")
     # Every block returns the same writes (switch_case branches must
     # agree): the stacks it does not write get masked-off ones.
-    dispatch = self._dispatch_of[index]
-    changed = self._banks.changes(after, before, self._changed[index],
+    dispatch = layout.dispatch_of[index]
+    changed = layout.banks.changes(after, before, layout.changed[index],
                                   dispatch.bank_capacity)
     z = batch_state.size(after["pc_top"])
-    return (self._registers.pack(self._banks.rest(after)), changed,
-            dispatch.writes.pack(self._stacks.pack(
+    return (layout.registers.pack(layout.banks.rest(after)), changed,
+            dispatch.writes.pack(layout.stacks.pack(
                 writes, z, dispatch.stack_capacity)), rows,
-            _padded(members, self._model_calls[dispatch.blocks]))
+            _padded(members, layout.model_calls[dispatch.blocks]))
 
 
 def _static_batch_size(args):
@@ -614,8 +556,8 @@ def _traced_without_tapes(compiled):
   """`compiled`'s concrete function, traced in a thread of its own.
 
   Traced while an eager tape records, the XLA VM's inner function calls
-  were recorded by that tape, which built their backward functions and
-  failed (the VM's in-place writes have none). Tapes are per thread, and
+  would be recorded by that tape, which would build their backward functions
+  and fail (the VM's in-place writes have none). Tapes are per thread, and
   `record.stop_recording` would stop the tapes of the traced code too (a
   batched primitive's own gradient). The thread runs in a copy of this
   one's context variables (the default backend)."""

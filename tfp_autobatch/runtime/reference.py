@@ -7,10 +7,10 @@ out of range raises `IndexOutOfRangeError`, as on every backend.
 import tensorflow as tf
 
 from tfp_autobatch import errors
-from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.operators import single_example
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.runtime import python_stack
-from tfp_autobatch.runtime import vectorize
 
 
 def run_example(program, args, max_stack_depth):
@@ -38,12 +38,12 @@ def _run(program, fn, args, depth, max_stack_depth):
             values = [tf.nest.map_structure(lambda x: x[0], v)
                       for v in code.fn(*one)]
           else:
-            values, fault = vectorize.call_checking_subscripts(
+            values, fault = single_example.call_checking_subscripts(
                 op, *ins, out_types=types)
             if fault is not None and fault[subscripts.KEY]:
               raise subscripts.error(fault)
           for var, value, t in zip(outs, values, types):
-            env[var] = vectorize.conform(value, t)
+            env[var] = single_example.conform(value, t)
         case ir1.Call(outs, callee, _):
           env[outs[0]] = _run(program, program.function(callee), ins,
                               depth + 1, max_stack_depth)

@@ -18,24 +18,19 @@ For a batch of at least `ROWS_FROM_BATCH` members a file is [width, Z],
 each register a contiguous row of the batch (as in a bank), else [Z,
 width]. XLA's CPU kernel that writes a file back evaluates its
 concatenation element by element, which over a [Z, width] file picks the
-source anew for every element, and over rows copies runs of Z: fib under
-`pc:xla` went from 10.8-11.0 to 6.8-7.0 us a VM step on 1,024 members
-and from 40.8-60.1 to 28.5-40.6 on 4,096 (five interleaved rounds of
-`benchmarks.programs`, `benchmarks/README.md`; a scratch loop of 8
-int32 registers on 4,096 members: 24 against 7 us an iteration). On few members rows
-cost more than they save (transposes of the leaves with a per-member
-shape, such as NUTS's seeds): NUTS transitions at 4 chains took 10-19%
-longer, at 64 the same (`benchmarks.nuts_vm_steps`, interleaved A/B).
+source anew for every element, and over rows copies runs of Z; on few
+members rows cost more than they save (transposes of the leaves with a
+per-member shape, such as NUTS's seeds). `python -m benchmarks.programs`
+(fib under `pc:xla` at 1,024 and 4,096 members) and `python -m
+benchmarks.nuts_vm_steps` (4 and 64 chains) show both sides.
 
 Only integer and boolean leaves are packed (the pc, stack pointers, loop
 counters, flags: most of the leaves, and tiny); booleans go in the int32
 file as 0 and 1, so a VM step writes one file, not two. Floating-point
-registers stay loose: packing them too made NUTS on the 100 x 10,000 logistic
-regression 2x slower per step (680 vs 1,337 gradients/s at one chain;
-perhaps because the slices are then fused into the model's matmul
-operands), while packing ints and bools alone made it faster (1,456) and
-cut the cost of a VM step of NUTS on the 100-d Gaussian from 69 to 55 us
-at one chain (2 AMD EPYC cores, `benchmarks.nuts`, 2026-11-23).
+registers stay loose: packed, their slices are fused into the model's
+operands, and NUTS on a logistic regression took longer per step, where
+packing ints and bools alone made VM steps cheaper (`python -m
+benchmarks.nuts`).
 
 Floating-point registers go to `RegisterBanks` instead: [R, Z, ...] per
 dtype and shape, so a register is a contiguous row, and written by a
@@ -62,7 +57,9 @@ _Slot = collections.namedtuple("_Slot",
 
 
 class RegisterFile:
-  """The packing of one nest structure; built from an example of it.
+  """The packing of one nest structure; built from an example of it
+  (tensors or `tf.TensorSpec`s: only the structure, dtypes and shapes are
+  read).
 
   Floating-point leaves, leaves whose shape past the leading (batch)
   dimension is not fully known at trace time or has no elements, and
@@ -231,25 +228,20 @@ class RegisterBanks:
   step on 64 chains copied 2 MB and spent most of its time doing so. In a
   bank a register is a static slice `bank[i]` (contiguous, so the readers
   fuse it), and a block returns only the registers it may change, as
-  `(indices [K], values [K, Z, ...])` per bank (K the most any block of
-  its dispatch changes, see `dispatch.Dispatch`; the padding writes go to
-  row R, past the end, with zeros); the
-  loop applies them in place with one XLA scatter per bank, which skips
-  the padding. (XLA only: the other modes pass tensors through the
-  dispatch without copies.) One scatter rather than a dynamic-update-slice
-  per row: NUTS on the 100-d Gaussian, one fixed transition, went from
-  2.95 to 2.64 ms at one chain and from 40.0 to 36.9 ms at 64 (medians,
-  two A/B runs of `benchmarks.nuts_vm_steps`, 2026-11-24).
+  `(indices [K], values [K, Z, ...])` per bank (K the most any block of its
+  dispatch changes, see `dispatch.Dispatch`; the padding writes go to row R,
+  past the end, with zeros); the loop applies them in place with one XLA
+  scatter per bank, which skips the padding. (XLA only: the other modes pass
+  tensors through the dispatch without copies.) One scatter rather than a
+  dynamic-update-slice per row, and banks rather than loose registers,
+  because XLA then copies far fewer buffers in the compiled loop (count the
+  copies in its optimised HLO; `python -m benchmarks.nuts_vm_steps` times a
+  fixed NUTS transition).
 
-  On NUTS's 100-d Gaussian at 64 chains the copies in the compiled loop
-  fell from about 1,000 to 200 (counted in XLA's optimised HLO), and one
-  transition from 47 to 40 ms (fastest of 25, an A/B run with banks
-  switched off by hand; 2 AMD EPYC cores, 2026-11-24). The logistic
-  regression, whose steps are mostly the model, did not change measurably.
-
-  Leaves are picked from an example nest: floating point, rank >= 1 (the
-  batch), a known non-empty per-example shape. `enabled=False` banks
-  nothing. `names`, one per flat leaf, name them in errors.
+  Leaves are picked from an example nest (tensors or `tf.TensorSpec`s):
+  floating point, rank >= 1 (the batch), a known non-empty per-example
+  shape. `enabled=False` banks nothing. `names`, one per flat leaf, name
+  them in errors.
   """
 
   def __init__(self, example, enabled=True, names=None):

@@ -7,10 +7,9 @@ picks that block from the members' program counters:
 - "most_waiting": the block most members wait at (the lowest of ties);
 - "crowded_lowest_pc": the lowest block holding at least half as many
   members as the most crowded one; on collatz it takes about as few
-  steps as most_waiting (258 against 246 on the members 1 to 1,024, where
-  lowest_pc takes 466), on fib(0), ..., fib(11) it takes 671 to
-  lowest_pc's 584 (2026-11-26), and it is what NUTS runs, under
-  primitives_last;
+  steps as most_waiting (about half of lowest_pc's), on fib a few more
+  than lowest_pc, and it is what NUTS runs, under primitives_last (each
+  call's `RunStats` counts its steps);
 - "primitives_last" (the backends' default): crowded_lowest_pc, except
   that blocks calling a `@batched_primitive` run only when no other block
   has members, so the model runs on as many members as can reach it;
@@ -55,8 +54,8 @@ class Schedule:
       # XLA fuses the one-hot into the sum.
       counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
     else:
-      # TensorFlow builds the [Z, blocks] one-hot (100 us of a 1.4 ms
-      # `pc:graph` step on 4,096 members). An integer segment sum, not
+      # TensorFlow builds the [Z, blocks] one-hot, a noticeable part of a
+      # `pc:graph` step on thousands of members. An integer segment sum, not
       # bincount, which TF refuses on a GPU under op determinism; the
       # halted members' segment is dropped.
       counts = tf.math.unsorted_segment_sum(

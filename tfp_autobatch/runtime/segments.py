@@ -22,8 +22,9 @@ import functools
 
 import tensorflow as tf
 
-from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import ir1
+from tfp_autobatch.operators import single_example
+from tfp_autobatch.operators import subscripts
 from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import vectorize
@@ -48,9 +49,9 @@ def split_block(block):
 class _CalledConcrete:
   """A `tf.function` with an input signature, called through its one
   concrete function, traced on the first call. A `tf.function`'s own call
-  binds the arguments to its signature and looks up its trace each time:
-  about 0.3 ms of each call's 0.6 ms on this project's CPU, and a
-  segment call is most of what a local step costs at small batches. The
+  binds the arguments to its signature and looks up its trace each time,
+  about half of a small segment call, and a segment call is most of what
+  a local step costs at small batches. The
   concrete function's own call binds them too
   (`_tf_private.call_concrete`)."""
 
@@ -103,11 +104,11 @@ class Segment:
     env = dict(zip(self.reads, values))
     faults = []
     for op in self.ops:
-      outs, fault = vectorize.call_checking_subscripts(
+      outs, fault = single_example.call_checking_subscripts(
           op, *[env[v] for v in op.ins],
           out_types=[self.var_type(v) for v in op.outs])
       for var, value in zip(op.outs, outs):
-        env[var] = vectorize.conform(value, self.var_type(var))
+        env[var] = single_example.conform(value, self.var_type(var))
       if fault is not None:
         faults.append(fault)
     writes = tuple(env[v] for v in self.writes)

@@ -6,8 +6,8 @@ nest of [D, Z, ...] buffers. A block reads them (pops) and returns one
 the block, in place (see `pc_vm`). Applied one stack at a time, that is a
 scatter per stack leaf and per VM step, also for the stacks the block left
 alone: NUTS has 22 stack leaves, so 22 scatters a step, each a kernel of
-its own in XLA's compiled loop (about 0.1 us of dispatch each at one chain,
-where a whole VM step costs about 13 us).
+its own in XLA's compiled loop, whose dispatch is a sizeable part of a VM
+step at one chain.
 
 `StackBanks` keeps the leaves of one dtype and per-example shape together,
 as [D, S, Z, ...] (S leaves), and applies a block's writes to a bank with
@@ -47,8 +47,8 @@ def _flat_rows(depth, sp):
 
   One row index per member, where `tf.gather_nd` needs a [Z, 2] index
   built with a stack of two vectors: TensorFlow's CPU kernel copies that
-  element by element (120 us of a 1.5 ms `pc:graph` step on 4,096
-  members, the gather_nd 50 us more).
+  element by element, a noticeable part of a `pc:graph` step on thousands
+  of members.
 
   int32 where D * Z is known to fit, else int64 (a stack of 2**31 rows or
   more, or a batch size unknown at trace time)."""
@@ -107,13 +107,14 @@ def apply_stack_write(stack, write, xla=False):
 
 
 def no_write(stack, z, zeros=None):
-  """A StackWrite of `stack` that writes nothing (every row masked off).
+  """A StackWrite of `stack` (a nest of [D, Z, ...] tensors or
+  `tf.TensorSpec`s) that writes nothing (every row masked off).
 
   `zeros`: a dict that the no-writes of one block share, so that they
   share their zeros too (the rows and mask, and one value per dtype and
   shape), instead of each building its own: every stack a block leaves
-  alone needs one, and under pc:graph they were 1,273 of the 14,263 ops
-  of a NUTS trace (0.44 of its 6.9 s in cProfile)."""
+  alone needs one, and under pc:graph they were about a tenth of the ops
+  of a NUTS trace."""
   zeros = {} if zeros is None else zeros
   def shared(key, make):
     if key not in zeros:
@@ -122,8 +123,9 @@ def no_write(stack, z, zeros=None):
   return StackWrite(
       shared("row", lambda: tf.zeros([z], tf.int32)),
       tf.nest.map_structure(
-          lambda s: shared((s.dtype, tuple(s.shape[1:])),
-                           lambda: tf.zeros_like(s[0])), stack),
+          lambda s: shared((s.dtype, tuple(s.shape[2:])),
+                           lambda: tf.zeros([z] + s.shape[2:].as_list(),
+                                            s.dtype)), stack),
       shared("mask", lambda: tf.zeros([z], tf.bool)))
 
 
@@ -131,7 +133,8 @@ class StackBanks:
   """The layout of the VM's stacks, built from an example of them.
 
   Args:
-    stacks: {name: nest of [D, Z, ...] tensors}, the initial stacks.
+    stacks: {name: nest of [D, Z, ...] tensors or `tf.TensorSpec`s}, the
+      initial stacks (only their structure, dtypes and shapes are read).
     depth: D.
     enabled: bank the leaves (XLA); otherwise every leaf is its own stack.
   """
@@ -217,6 +220,27 @@ class StackBanks:
         values[key].append(tf.zeros(tf.concat(
             [[pad * z], tf.constant(event_shape, tf.int32)], 0), dtype))
       packed[key] = (tf.concat(rows[key], 0), tf.concat(values[key], 0))
+    return packed
+
+  def packed_spec(self, batch_size, capacity):
+    """The `tf.TensorSpec`s of what `pack` returns for a batch of
+    `batch_size` members (None: unknown), each bank's sized by
+    `capacity`: a block's stack writes as a value, before any is traced."""
+    z = batch_size
+    if not self.enabled:
+      def row_spec(s):
+        return tf.TensorSpec([z] + s.shape[2:].as_list(), s.dtype)
+      return {name: StackWrite(
+          tf.TensorSpec([z], tf.int32),
+          tf.nest.map_structure(row_spec, self.structure[name]),
+          tf.TensorSpec([z], tf.bool)) for name in self.names}
+    packed = {}
+    for key, reserved in capacity.items():
+      if reserved:
+        dtype, event_shape = key
+        rows = None if z is None else reserved * z
+        packed[key] = (tf.TensorSpec([rows, 3], tf.int32),
+                       tf.TensorSpec([rows] + list(event_shape), dtype))
     return packed
 
   def apply(self, state, packed, xla):

@@ -116,7 +116,7 @@ class RunStats:
     `tab.batch`) evaluated eagerly, so that a `tf.function` that returns
     them gives its caller the statistics of the call inside it, or the
     same counts as NumPy values."""
-    def value(x):   # (not tf.is_tensor: 10 us a NumPy value, every call)
+    def value(x):   # (not tf.is_tensor, slow on a NumPy value, every call)
       return x.numpy() if hasattr(x, "numpy") else x
     members = value(counts["batched_primitive_members"])
     return cls(

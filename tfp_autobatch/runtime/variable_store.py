@@ -64,6 +64,19 @@ class VariableStore:
     return {"stack": _set_rows(stack, sp, value, tf.ones([z], tf.bool)),
             "sp": sp}, None
 
+  def initial_spec(self, v, type_, batch_size):
+    """`(store, stack)` as `initial` returns them, as `tf.TensorSpec`s for
+    a batch of `batch_size` members (None: unknown)."""
+    z = batch_size
+    value = tf.nest.map_structure(lambda t: t.spec((z,)), type_)
+    if v not in self.stacked:
+      return value, None
+    stack = tf.nest.map_structure(lambda t: t.spec((self.depth, z)), type_)
+    sp = tf.TensorSpec([z], tf.int32)
+    if self.cached_top:
+      return {"top": value, "sp": sp}, stack
+    return {"stack": stack, "sp": sp}, None
+
   def value(self, store, v):
     """The current value of variable `v` (every row)."""
     if v not in self.stacked:

@@ -14,11 +14,10 @@ In a graph, pfor is called directly (`_pfor_in_graph`) rather than through
 `tf.vectorized_map`, which inside an XLA computation wraps every call in one
 more `tf.function` (with AutoGraph) of its own. Together with the tracing
 once per primitive this cut the first call of one NUTS step (trace and XLA
-compilation) by a quarter to a third, with the same step times (`benchmarks/results/HISTORY.md`, the first
-calls of 2026-11-25 06:13-06:24 UTC).
+compilation) by a quarter to a third, with the same step times (the first
+call's time, `first_call_sec`, in `python -m benchmarks.nuts_vm_steps`).
 """
 import collections
-import contextvars
 import functools
 import logging
 import os
@@ -27,19 +26,13 @@ import weakref
 import tensorflow as tf
 
 from tfp_autobatch import errors
-from tfp_autobatch.frontend import pyops
-from tfp_autobatch.frontend import subscripts
 from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.operators import single_example
+from tfp_autobatch.operators.single_example import conform
 from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import pfor_conditions
 from tfp_autobatch.runtime._tf_private import pfor_impl as _pfor_impl
-
-
-# Set while tracing single-example code, so batched primitives called from
-# inside it (hidden in a helper) can say they must be called directly.
-inside_vectorized_code = contextvars.ContextVar("inside_vectorized_code",
-                                                default=False)
 
 
 def strict_vectorization():
@@ -49,52 +42,6 @@ def strict_vectorization():
   correct, but slow. The test suite sets TFP_AUTOBATCH_STRICT_PFOR=1.
   """
   return os.environ.get("TFP_AUTOBATCH_STRICT_PFOR", "0") == "1"
-
-
-def conform(value, var_type):
-  """Converts a primitive's output to its variable's inferred type."""
-  def leaf(t, v):
-    v = tf.convert_to_tensor(v, dtype_hint=t.dtype)
-    return v if v.dtype == t.dtype else tf.cast(v, t.dtype)
-  return tf.nest.map_structure(leaf, var_type, value)
-
-
-def call_single_example_code(op, *ins, out_types=None):
-  """Runs a primitive's code, marking it as code for one example.
-
-  `out_types`: the types of its outputs, which the frontend's code gives
-  what it assigns as it goes (`pyops.as_assigned`, a tensor of another
-  dtype cast too); None leaves that to the caller's `pyops.assigning`, as
-  type inference does.
-  """
-  token = inside_vectorized_code.set(not op.batched)
-  try:
-    if out_types is None:
-      return op.code.fn(*ins)
-    with pyops.assigning(out_types, casts_tensors=True):
-      return op.code.fn(*ins)
-  finally:
-    inside_vectorized_code.reset(token)
-
-
-def call_checking_subscripts(op, *ins, out_types):
-  """`(outputs, fault record)` of a primitive's code on one example
-  (`call_single_example_code`), its rewritten subscripts checking their
-  indices (`subscripts`); the record is None for code without them."""
-  with subscripts.checking(op.code) as fault:
-    outs = call_single_example_code(op, *ins, out_types=out_types)
-    return outs, fault()
-
-
-def single_example_fn(op, out_types):
-  """`run(*ins)`: primitive `op`'s code on one example's inputs, its
-  outputs conformed to `out_types`, then, for code with rewritten
-  subscripts (`op.code.subscripts`), its fault record (`subscripts`)."""
-  def run(*ins):
-    outs, fault = call_checking_subscripts(op, *ins, out_types=out_types)
-    outs = tuple(conform(v, t) for v, t in zip(outs, out_types))
-    return outs if fault is None else outs + (fault,)
-  return run
 
 
 # The code already warned of (once each, not at every trace).
@@ -174,23 +121,6 @@ def _eager_vectorized_map(body, batched_args, fallback_to_while_loop):
     tf_logger.removeFilter(_EAGER_FUNCTIONS_WARNING)
 
 
-def trace_in_scratch_graph(fn, args):
-  """The graph of `fn` called on `args` (TensorSpecs as placeholders) in a
-  fresh FuncGraph, which captures the eager tensors the code closes over
-  (and tensors of an enclosing graph) as `tf.function` would; what `fn`
-  raises propagates. For what tracing tells (types, shapes, ops): a
-  `tf.function` made and traced for each primitive (a function object, a
-  signature, automatic control dependencies, a function definition in the
-  runtime) took three quarters of type inference (0.62 of 0.83 s for 161
-  primitives, 0.48 of 0.64 s for NUTS's 31 traces, cProfile)."""
-  graph = tf.__internal__.FuncGraph("tab_scratch")
-  with graph.as_default():
-    fn(*tf.nest.map_structure(
-        lambda a: (tf.compat.v1.placeholder(a.dtype, a.shape)
-                   if isinstance(a, tf.TensorSpec) else a), args))
-  return graph
-
-
 def _check_shapes_do_not_vary(per_example, batched_args, code):
   """Raises if the code, traced for one example, computes a value whose
   shape it does not know (`tf.boolean_mask(v, v > 0)`, `tf.range(n)`):
@@ -203,7 +133,7 @@ def _check_shapes_do_not_vary(per_example, batched_args, code):
   if not all(s.shape.is_fully_defined() for s in tf.nest.flatten(specs)):
     return
   try:
-    graph = trace_in_scratch_graph(per_example, specs)
+    graph = single_example.trace_in_scratch_graph(per_example, specs)
   except Exception:  # pylint: disable=broad-except
     return   # the fallback reports it as before
   for op in graph.get_operations():
@@ -258,8 +188,8 @@ def _computed_once(outs, ins):
   evaluates a concatenation's operands row by row: a value fused into it
   is computed again for every register it goes to. NUTS's draw (a hash,
   then Box-Muller's logarithm and cosine per element) made the block that
-  starts a trajectory take 284 us a run at 64 chains against 86 us
-  computed once (`benchmarks.nuts_profile`, 2026-11-25).
+  starts a trajectory about three times as slow as computing it once
+  (`python -m benchmarks.nuts_profile` times each block).
   """
   count = collections.Counter(id(v) for v in outs)
   inputs = {id(x) for x in tf.nest.flatten(ins)}
@@ -311,7 +241,7 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
       return _with_rows(tuple(conform(v, t) for v, t in zip(outs, out_types)),
                         n, op.code)
     return run_batched
-  per_example_fn = single_example_fn(op, out_types)
+  per_example_fn = single_example.single_example_fn(op, out_types)
   if not op.ins:
     def run_constant(n, *ins):
       del ins

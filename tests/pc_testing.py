@@ -1,0 +1,66 @@
+"""Programs and helpers shared by the tests of the IR-2 passes and the pc
+VM (test_lower, test_stack_optimize, test_pc_vm, ...)."""
+import tensorflow as tf
+
+import tfp_autobatch as tab
+from tfp_autobatch import pipeline
+from tfp_autobatch.ir import types as types_lib
+from tfp_autobatch.runtime import pc_vm
+
+
+INT = [types_lib.TensorType(tf.int32, ())]
+
+
+@tab.batch
+def fib(n):
+  if n <= 1:
+    return n
+  return fib(n - 1) + fib(n - 2)
+
+
+def fib_np(n):
+  a, b = 0, 1
+  for _ in range(n):
+    a, b = b, a + b
+  return a
+
+
+def typed_program(fn, arg_types=INT):
+  return pipeline.typed_program(fn, arg_types)
+
+
+def run_on_graph_vm(program, *args, depth=16):
+  """Runs an IR-2 program on the graph VM."""
+  args = [tf.constant(a, tf.int32) for a in args]
+  return pc_vm.PcVmRuntime(program, depth, mode="graph").run(args, None).numpy()
+
+
+def count_ops(program, kind):
+  return sum(isinstance(op, kind) for b in program.blocks for op in b.ops)
+
+
+def steps_on_graph_vm(program, *args, depth=16):
+  """(results, VM steps) of an IR-2 program on the graph VM."""
+  runtime = pc_vm.PcVmRuntime(program, depth, mode="graph")
+  got = runtime.run([tf.constant(a, tf.int32) for a in args], None)
+  return got.numpy(), runtime.stats.steps
+
+
+@tab.batched_primitive
+def double_all(x):
+  return 2 * x
+
+
+@tab.batch
+def model_first(n):
+  y = double_all(n)
+  if n <= 0:
+    return y
+  return model_first(n - 1) + y
+
+
+@tab.batch
+def sum_to(n):
+  if n <= 0:
+    return 0
+  return n + sum_to(n - 1)

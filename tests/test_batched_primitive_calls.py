@@ -1,0 +1,106 @@
+"""Tests of `@batched_primitive` calls in the pc VM: run on their members
+gathered (`runtime/batched_primitive_calls.py`)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pc_testing import INT, model_first
+from tfp_autobatch import pipeline
+from tfp_autobatch.runtime import batched_primitive_calls
+
+
+def test_the_model_runs_on_its_members_gathered():
+  # model_first(n) calls the model once per level of recursion: with n =
+  # 0..15 the k-th call has 16 - k members. pc:graph and pc:eager compute
+  # exactly the members' rows (they used to compute all 16 rows each
+  # time); pc:xla gathers the members into the smallest of 16, 8, 4, 2, 1
+  # rows that holds them (the last call, one member, used to take 2 rows);
+  # the results do not change.
+  n = np.arange(16, dtype=np.int32)
+  want = n * (n + 1)
+  members = 16 - np.arange(16)
+  for backend in ("pc:graph", "pc:eager"):
+    np.testing.assert_array_equal(model_first(n, backend=backend), want)
+    assert model_first.last_stats.batched_primitive_rows == sum(members)
+  np.testing.assert_array_equal(model_first(n, backend="pc:xla"), want)
+  buckets = [min(b for b in (16, 8, 4, 2, 1) if b >= m) for m in members]
+  assert buckets[:9] == [16] * 8 + [8] and buckets[-2:] == [2, 1]
+  assert model_first.last_stats.batched_primitive_rows == sum(buckets)
+  # The members each call was made for, whatever rows it computed.
+  assert model_first.last_stats.batched_primitive_members == {
+      int(m): 1 for m in members}
+  assert model_first.last_stats.batched_primitive_calls == 16
+
+
+def test_members_per_model_call_are_counted_inside_tf_function():
+  # Traced in the user's tf.function, the histogram is a tensor indexed by
+  # members (16 + 1 entries): one call for each of 16, 15, ..., 1.
+  n = np.arange(16, dtype=np.int32)
+  for backend in ("pc:graph", "pc:xla"):
+    @tf.function(autograph=False)
+    def run(n):
+      model_first(n, backend=backend)
+      return model_first.last_stats_tensors["batched_primitive_members"]
+    np.testing.assert_array_equal(run(tf.constant(n)), [0] + [1] * 16)
+
+
+def test_model_outputs_stop_xla_constant_inference_at_no_cost():
+  # pc:xla passes a model call's outputs through this barrier, so that
+  # TF's lowering to XLA does not evaluate the model on the host while it
+  # tries to prove later branch inputs constant (76 s -> 33 s for the
+  # first call of a 64-chain logistic-regression NUTS step in
+  # benchmarks.nuts).
+  # A reshape needs its shape proved constant. Here the shape comes out
+  # of a conditional whose branches agree, which the proof sees through;
+  # through the barrier it fails.
+  x = tf.range(6)
+
+  def reshape(barrier):
+    def run(x):
+      shape = tf.switch_case(x[0] % 2, [lambda: tf.constant([2, 3])] * 2)
+      if barrier:
+        shape, = batched_primitive_calls.opaque_to_constant_inference([shape])
+      return tf.reshape(x, shape)
+    return tf.function(run, jit_compile=True, autograph=False)
+
+  np.testing.assert_array_equal(reshape(False)(x), [[0, 1, 2], [3, 4, 5]])
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="compile-time constant"):
+    reshape(True)(x)
+  # XLA deletes the loop that never runs: nothing of it is left to execute.
+  barrier = tf.function(
+      lambda x: batched_primitive_calls.opaque_to_constant_inference([x]),
+      jit_compile=True, autograph=False)
+  np.testing.assert_array_equal(barrier(x)[0], x)
+  before = barrier.experimental_get_compiler_ir(x)(stage="hlo")
+  after = barrier.experimental_get_compiler_ir(x)(stage="optimized_hlo")
+  assert " while(" in before
+  assert " while(" not in after
+  assert batched_primitive_calls.opaque_to_constant_inference([]) == []
+
+
+def test_one_member_needs_no_member_buckets():
+  # At batch size 1 a model call runs on its one row or not at all: the
+  # compiled VM gathers no members (the stable sort that finds them is
+  # there at batch size 4) and schedules by reading the member's pc.
+  def sorts(n):
+    runtime = pipeline.runtime(model_first, INT, "pc:xla")
+    args = [tf.constant(n, tf.int32)]
+    hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
+        stage="hlo")
+    return [line for line in hlo.splitlines() if " sort(" in line]
+  assert sorts(np.arange(4))
+  assert not sorts(np.array([3]))
+  np.testing.assert_array_equal(model_first(np.array([3], np.int32),
+                                            backend="pc:xla"), [12])
+
+
+def test_member_buckets_halve_the_batch_down_to_one_row():
+  sizes = batched_primitive_calls.member_bucket_sizes
+  assert sizes(None, 256) == [128, 64, 32, 16, 8, 4, 2, 1]
+  assert sizes(None, 13) == [7, 4, 2, 1]
+  assert sizes(None, 2) == [1]
+  assert sizes(None, 1) == []
+  # A batch size unknown at trace time: a fixed number of sizes.
+  z = tf.constant(13)
+  assert [int(s) for s in sizes(z, None)] == [7, 4, 2]
