@@ -34,6 +34,7 @@ from nuts import chain_states
 from nuts import momentum
 from nuts import shared_programs
 from nuts import random as nuts_random
+from nuts import sharding
 from nuts import target_checks
 from nuts import trajectory_draws
 from nuts import tree
@@ -129,8 +130,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     parallel_iterations: keyword only; accepted so that code written for
       `tfp.mcmc.NoUTurnSampler` runs unchanged. It has no effect here (it
       sets the parallelism of TFP's `tf.while_loop`s, never the samples).
-    experimental_shard_axis_names: keyword only; sharded chains are not
-      supported, so only None is accepted.
+    experimental_shard_axis_names: keyword only, as `tfp.mcmc`'s kernels
+      take it: which state parts are split across replicas, one entry per
+      part. Sharded state parts are not supported (see `nuts/sharding.py`),
+      so every entry must be None; a model whose data alone are sharded
+      needs no names.
+    experimental_chain_axis_names: keyword only: the replica axis (one
+      name, any string) that the chains are split over, when the kernel
+      runs inside a `tf.distribute` strategy's `run` with C chains on each
+      replica. Chain i of replica r then draws what chain r*C+i of one
+      unsharded run draws with the same seed (see `nuts/sharding.py`).
     momentum_distribution: keyword only, as
       `tfp.experimental.mcmc.PreconditionedNoUTurnSampler`'s (where it is
       the third positional argument): the distribution of the momentum, a
@@ -176,6 +185,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                backend="pc:xla", name=None, *,
                max_energy_diff=tree.DEFAULT_MAX_ENERGY_DIFF,
                parallel_iterations=10, experimental_shard_axis_names=None,
+               experimental_chain_axis_names=None,
                momentum_distribution=None):
     if not callable(target_log_prob_fn):
       raise TypeError("NoUTurnSampler needs a callable target_log_prob_fn, "
@@ -206,11 +216,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       raise ValueError("max_energy_diff must be a positive number (a "
                        "Python number or a constant scalar tensor), got "
                        f"{max_energy_diff!r}")
-    if any(n is not None
-           for n in tf.nest.flatten(experimental_shard_axis_names)):
-      raise NotImplementedError(
-          "nuts.NoUTurnSampler does not support sharded chains "
-          "(experimental_shard_axis_names); leave it None")
+    sharding.check_state_shard_axis_names(experimental_shard_axis_names)
+    chain_axis_names = sharding.canonical_axis_names(
+        experimental_chain_axis_names, "experimental_chain_axis_names")
     if backend not in tab.BACKENDS:
       raise tab.UnknownBackendError(
           f"unknown backend {backend!r}; choose one of "
@@ -222,7 +230,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         num_trajectories_per_step=int(num_trajectories_per_step),
         backend=backend, name=name, max_energy_diff=float(threshold),
         parallel_iterations=int(parallel_iterations),
-        experimental_shard_axis_names=None,
+        experimental_shard_axis_names=experimental_shard_axis_names,
+        experimental_chain_axis_names=chain_axis_names or None,
         momentum_distribution=momentum_distribution)
     # layout -> (nuts_steps, logp_and_grad), shared with the kernels that
     # have this target and tree settings (`nuts/shared_programs.py`); kept here,
@@ -307,6 +316,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   @property
   def momentum_distribution(self):
     return self._parameters["momentum_distribution"]
+
+  @property
+  def experimental_chain_axis_names(self):
+    return self._parameters["experimental_chain_axis_names"]
 
   @property
   def backend(self):
@@ -431,6 +444,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       target_checks.check_target_compiles(
           self.target_log_prob_fn, current_state, previous_kernel_results,
           self._xla_checked)
+    # Read here, outside the shared compiled step, whose traces every
+    # replica reuses.
+    first_chain = sharding.chain_offset(
+        self.experimental_chain_axis_names,
+        tf.size(previous_kernel_results.target_log_prob))
     # Eagerly too, unless a tape may record the step: its state, seeds and
     # results around the batched program are then one call, not dozens of
     # eager ops, several times faster for a small model. A recorded call
@@ -438,10 +456,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     if self.backend == "pc:xla" and not (
         tf.executing_eagerly()
         and tab.tape_may_record()):
-      return self._shared_step(current_state, previous_kernel_results, seed)
-    return self._one_step(current_state, previous_kernel_results, seed)
+      return self._shared_step(current_state, previous_kernel_results, seed,
+                               first_chain)
+    return self._one_step(current_state, previous_kernel_results, seed,
+                          first_chain)
 
-  def _shared_step(self, current_state, previous_kernel_results, seed):
+  def _shared_step(self, current_state, previous_kernel_results, seed,
+                   first_chain):
     """`_one_step` traced into a caller's graph as one XLA computation.
 
     Otherwise the state's flattening, the chains' seeds and the results
@@ -461,7 +482,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     token = _STEPPING.set(self)
     try:
       new_state, new_results, stats_tensors = self._compiled_step(
-          current_state, previous_kernel_results, seed)
+          current_state, previous_kernel_results, seed, first_chain)
     finally:
       _STEPPING.reset(token)
     # What `_one_step` records, also where another kernel's call traced it:
@@ -505,7 +526,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     settings the program was built with."""
     return (layout,) + self._tree_settings()
 
-  def _one_step(self, current_state, previous_kernel_results, seed):
+  def _one_step(self, current_state, previous_kernel_results, seed,
+                first_chain=0):
     results = previous_kernel_results
     parts, structure, chain_ndims, layout = _layout(current_state, results)
     event_shapes, _, metric = layout
@@ -540,10 +562,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                             adjoint_a=True),
                            tf.zeros_like(entries)], -1)
       step = tf.concat([flat(steps), tf.zeros_like(entries)], -1)
-    # Each chain's seed words (step seed, chain index), hashed once here.
+    # Each chain's seed words (step seed, global chain index), hashed
+    # once here.
     chain_keys = nuts_random.chain_key(tf.stack([
         tf.fill([num_chains], seed[0]), tf.fill([num_chains], seed[1]),
-        tf.range(num_chains, dtype=tf.int32)], axis=-1))
+        tf.range(num_chains, dtype=tf.int32) + first_chain], axis=-1))
     try:
       out = nuts_steps(q_in, tf.reshape(results.target_log_prob,
                                         [num_chains]),
@@ -552,6 +575,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       cause = e.__cause__
       if not _raised_in(cause, shared_programs.call_target):
         raise
+      collective = sharding.explain_collective_error(cause)
+      if collective is not None:
+        raise collective from cause
       # tfp_autobatch's error names our gradient call in nuts/tree.py (and,
       # for an `if`, advises a @tab.batch body); the code at fault is the
       # user's target.
@@ -634,11 +660,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 _STEPPING = contextvars.ContextVar("nuts_stepping_kernel")
 
 
-def _step_of_caller(current_state, previous_kernel_results, seed):
+def _step_of_caller(current_state, previous_kernel_results, seed,
+                    first_chain):
   """The calling kernel's step, and its batched program's run counts."""
   kernel = _STEPPING.get()
   new_state, new_results = kernel._one_step(   # pylint: disable=protected-access
-      current_state, previous_kernel_results, seed)
+      current_state, previous_kernel_results, seed, first_chain)
   _, _, _, layout = _layout(current_state, previous_kernel_results)
   (nuts_steps, _, _, _), _ = kernel._program(layout)   # pylint: disable=protected-access
   return new_state, new_results, nuts_steps.last_stats_tensors

@@ -323,6 +323,7 @@ def test_parameters_copy_and_calibration(fused_kernel):
                          "num_trajectories_per_step", "backend", "name",
                          "max_energy_diff", "parallel_iterations",
                          "experimental_shard_axis_names",
+                         "experimental_chain_axis_names",
                          "momentum_distribution"}
   copy = fused_kernel.copy(max_tree_depth=3)
   assert copy.max_tree_depth == 3

@@ -1,0 +1,122 @@
+"""`sample_chain` over the replicas of a `tf.distribute` strategy.
+
+TensorFlow's mirrored strategies all-reduce through `merge_call`, which is
+forbidden inside a loop or a nested function (unless the replica function is
+XLA-compiled on GPUs), so an adaptation kernel that reduces over all
+replicas' chains cannot run inside `tfp.mcmc.sample_chain` under
+`strategy.run`. This driver keeps the loop over steps outside the replicas:
+one `strategy.run` of the kernel's compiled `one_step` per step, every
+replica given the same step seed (the kernel tells chains apart by their
+global index, `experimental_chain_axis_names`). A step whose all-reduce
+fails because a peer died or stopped answering (within the strategy's
+`CommunicationOptions(timeout_seconds=...)`) raises `ReplicaLostError`
+naming the step.
+"""
+import collections
+
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+__all__ = ["sample_chain", "ShardedRun", "ReplicaLostError"]
+
+ShardedRun = collections.namedtuple("ShardedRun", [
+    "states",                  # [num_results, chains, ...]: this process's
+                               # replicas' chains, in replica order
+    "trace",                   # trace_fn's results alike, or None
+    "final_state",             # distributed: to continue the run
+    "final_kernel_results",    # distributed
+])
+
+# What a collective raises when a peer is gone: its connection reset
+# (Unavailable), the communication timeout (DeadlineExceeded), or the
+# strategy's health check aborting the collectives (Aborted, Cancelled).
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                tf.errors.AbortedError, tf.errors.CancelledError)
+
+
+class ReplicaLostError(RuntimeError):
+  """A replica stopped answering during a sharded run."""
+
+
+def sample_chain(strategy, num_results, current_state, kernel, seed,
+                 trace_fn=None, previous_kernel_results=None):
+  """Runs `kernel` for `num_results` steps on each replica's chains.
+
+  Args:
+    strategy: a `tf.distribute.Strategy`.
+    num_results: steps to run (every step's state is kept).
+    current_state: the chains' state, a distributed value, or a function
+      `context -> this replica's state` (as
+      `strategy.experimental_distribute_values_from_function` takes).
+    kernel: a `tfp.mcmc.TransitionKernel` whose chain reductions name the
+      replica axis (`nuts.NoUTurnSampler(...,
+      experimental_chain_axis_names=...)` under, e.g.,
+      `DualAveragingStepSizeAdaptation(...,
+      experimental_reduce_chain_axis_names=...)`).
+    seed: the run's seed; step i uses the i-th of
+      `tfp.random.split_seed(seed, num_results)` on every replica.
+    trace_fn: optional `trace_fn(state, kernel_results)`, run on each
+      replica after each step.
+    previous_kernel_results: distributed kernel results to continue from;
+      by default the kernel's `bootstrap_results` on each replica.
+
+  Returns:
+    A `ShardedRun`: `states` of shape `[num_results, chains, ...]` holding
+    this process's replicas' chains concatenated in replica order (on one
+    host, all chains; with several workers, this worker's), `trace`
+    likewise (None without `trace_fn`), and the distributed final state and
+    kernel results, which a further call continues from.
+
+  Raises:
+    ReplicaLostError: a step's cross-replica reduction failed because a
+      peer died or did not answer in time.
+  """
+  if callable(current_state):
+    current_state = strategy.experimental_distribute_values_from_function(
+        current_state)
+  state = current_state
+  results = previous_kernel_results
+  if results is None:
+    results = _run(strategy, tf.function(kernel.bootstrap_results,
+                                         autograph=False), (state,),
+                   "bootstrap_results")
+
+  def step_fn(state, results, step_seed):
+    state, results = kernel.one_step(state, results, seed=step_seed)
+    trace = () if trace_fn is None else trace_fn(state, results)
+    return state, results, trace
+  step = tf.function(step_fn, autograph=False)
+  seeds = tfp.random.split_seed(tfp.random.sanitize_seed(seed), num_results)
+  states, traces = [], []
+  for i in range(num_results):
+    state, results, trace = _run(strategy, step, (state, results, seeds[i]),
+                                 f"step {i + 1} of {num_results}")
+    states.append(_local(strategy, state))
+    traces.append(_local(strategy, trace))
+  stack = lambda *xs: tf.stack(xs, 0)   # pylint: disable=unnecessary-lambda-assignment
+  states = tf.nest.map_structure(stack, *states) if states else []
+  traces = (tf.nest.map_structure(stack, *traces)
+            if trace_fn is not None and traces else None)
+  return ShardedRun(states, traces, state, results)
+
+
+def _run(strategy, fn, args, what):
+  try:
+    return strategy.run(fn, args)
+  except _PEER_ERRORS as e:
+    raise ReplicaLostError(
+        f"{what} of a sharded run failed: a replica did not take part in "
+        "its cross-replica reduction (a worker died or stopped answering "
+        "within the strategy's communication timeout, "
+        "tf.distribute.experimental.CommunicationOptions(timeout_seconds=))"
+        f". Restart the run from its last saved state. {type(e).__name__}: "
+        f"{str(e).strip()[:300]}") from e
+
+
+def _local(strategy, value):
+  """A distributed value's local replicas, concatenated along the chains
+  (a scalar, the same on every replica, once)."""
+  def gather(x):
+    parts = strategy.experimental_local_results(x)
+    return tf.concat(parts, 0) if parts[0].shape.rank else parts[0]
+  return tf.nest.map_structure(gather, value)

@@ -1,0 +1,213 @@
+"""NUTS chains split over the replicas of `tf.distribute` strategies, built on
+one machine as a cluster is: logical CPU devices for MirroredStrategy, two
+worker processes on localhost for MultiWorkerMirroredStrategy. Each
+configuration runs in processes of its own (`tests/distributed_runs.py`).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import nuts
+from nuts import replicas
+from nuts import sharding
+
+_RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                     "distributed_runs.py")
+_ROOT = os.path.dirname(os.path.dirname(_RUNS))
+
+
+def _env():
+  path = os.environ.get("PYTHONPATH")
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+              PYTHONPATH=_ROOT + (os.pathsep + path if path else ""))
+
+
+def _start(args):
+  return subprocess.Popen([sys.executable, _RUNS, json.dumps(args)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=_env())
+
+
+def _result(process, timeout):
+  try:
+    out, err = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    process.communicate()
+    raise
+  assert process.returncode == 0, err[-3000:]
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("localhost", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def _assert_same_chains(sharded, unsharded):
+  # Exactly the same trajectories; the step size's average over chains is
+  # summed in another order across replicas, hence a float64 tolerance.
+  np.testing.assert_allclose(sharded["draws"], unsharded["draws"],
+                             rtol=1e-9, atol=1e-12)
+  np.testing.assert_allclose(sharded["step_size"], unsharded["step_size"],
+                             rtol=1e-12)
+
+
+def _mirrored(devices):
+  run = _start({"mode": "mirrored", "devices": [devices],
+                "backend": "pc:graph"})
+  out = _result(run, timeout=900)[str(devices)]
+  _assert_same_chains(out["sharded"], out["unsharded"])
+  # Every replica adapted the one step size of all chains.
+  assert len(set(out["sharded"]["replica_step_sizes"])) == 1
+
+
+@pytest.mark.slow
+def test_mirrored_two_cpus_equals_unsharded():
+  _mirrored(2)
+
+
+@pytest.mark.nightly
+def test_mirrored_four_cpus_equals_unsharded():
+  _mirrored(4)
+
+
+def _workers(done_dir, die_at_step=None, timeout_seconds=600):
+  # A collective's timeout counts from when one worker reaches it: on a
+  # loaded machine a peer may trace its step a minute or more later.
+  ports = _free_ports(2)
+  return [_start({"mode": "worker", "ports": ports, "index": i,
+                  "backend": "pc:graph", "timeout_seconds": timeout_seconds,
+                  "done_dir": str(done_dir),
+                  "die_at_step": die_at_step,
+                  "reference": i == 0 and die_at_step is None})
+          for i in range(2)]
+
+
+@pytest.mark.slow
+def test_multi_worker_two_processes_equals_unsharded(tmp_path):
+  workers = _workers(tmp_path)
+  try:
+    outs = [_result(w, timeout=900) for w in workers]
+  finally:
+    for p in workers:
+      if p.poll() is None:
+        p.kill()
+  for out in outs:
+    assert "error" not in out, out
+  unsharded = outs[0]["unsharded"]   # worker 0 ran it after its share
+  # Each worker holds one replica; worker i's draws are chains 2i, 2i+1.
+  draws = np.concatenate([out["draws"] for out in outs])
+  _assert_same_chains({"draws": draws, "step_size": outs[0]["step_size"]},
+                      unsharded)
+  assert outs[0]["step_size"] == outs[1]["step_size"]
+
+
+@pytest.mark.slow
+def test_multi_worker_dead_peer_is_an_error_not_a_hang(tmp_path):
+  # Worker 1 exits after step 2; worker 0's next all-reduce fails (its
+  # peer's connection reset, the strategy's communication timeout, or its
+  # peer health check), and nuts.replicas.sample_chain says so, well
+  # before the test's own watchdog.
+  workers = _workers(tmp_path, die_at_step=2, timeout_seconds=120)
+  try:
+    out = _result(workers[0], timeout=600)
+    workers[1].wait(timeout=60)
+  finally:
+    for p in workers:
+      if p.poll() is None:
+        p.kill()
+  assert workers[1].returncode == 3
+  assert out.get("error") == "ReplicaLostError", out
+  assert "did not take part" in out["message"]
+
+
+@pytest.mark.slow
+def test_data_sharded_target_is_refused_as_tfp_nuts_fails():
+  # A Sharded likelihood all-reduces inside the target, which the kernel
+  # calls inside its batched program's loop: MirroredStrategy on CPUs
+  # cannot, and TFP's own NUTS fails there too (with TensorFlow's
+  # merge_call message); ours says what to do instead.
+  out = _result(_start({"mode": "data_mirrored", "backend": "pc:graph"}),
+                timeout=900)
+  assert out["error"] == "CollectiveError", out
+  assert "experimental_chain_axis_names" in out["message"]
+  assert "merge_call" in out["tfp_error"], out
+
+
+# -- the kernel's arguments, in this process ----------------------------------
+
+
+def _normal(x):
+  return -0.5 * tf.reduce_sum(x ** 2, -1)
+
+
+def test_shard_axis_names_are_parameters_as_in_tfp():
+  kernel = nuts.NoUTurnSampler(_normal, 0.5)
+  assert kernel.experimental_shard_axis_names is None
+  same = kernel.experimental_with_shard_axes([None])
+  assert same.experimental_shard_axis_names == [None]
+  assert same.parameters["experimental_shard_axis_names"] == [None]
+  chained = nuts.NoUTurnSampler(_normal, 0.5,
+                                experimental_chain_axis_names="chains")
+  assert chained.experimental_chain_axis_names == ("chains",)
+  assert chained.copy().experimental_chain_axis_names == ("chains",)
+
+
+def test_sharded_state_parts_are_refused_clearly():
+  with pytest.raises(NotImplementedError, match="sharded state parts"):
+    nuts.NoUTurnSampler(_normal, 0.5, experimental_shard_axis_names=["data"])
+  with pytest.raises(NotImplementedError, match="sharded state parts"):
+    nuts.NoUTurnSampler(_normal, 0.5).experimental_with_shard_axes(
+        [None, "data"])
+  with pytest.raises(ValueError, match="one replica axis"):
+    nuts.NoUTurnSampler(_normal, 0.5,
+                        experimental_chain_axis_names=["a", "b"])
+
+
+def test_chain_offsets_outside_strategies_are_zero():
+  # The default replica context is one replica: with names or without,
+  # chain i is global chain i (the kernel then draws as without names).
+  assert sharding.chain_offset((), 5) == 0
+  assert int(sharding.chain_offset(("chains",), 5)) == 0
+  with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+    with pytest.raises(ValueError, match="strategy.run"):
+      sharding.chain_offset(("chains",), 5)
+
+
+def test_reduce_over_chains_without_replicas_is_local():
+  total, count = sharding.reduce_over_chains(tf.constant(3.), 2., ("c",))
+  assert float(total) == 3. and float(count) == 2.
+
+
+class _PeerGone:
+  """A strategy whose replicas' all-reduce fails as when a peer has died."""
+  num_replicas_in_sync = 2
+
+  def run(self, fn, args):
+    del fn, args
+    raise tf.errors.UnavailableError(None, None, "Connection reset by peer")
+
+  def experimental_distribute_values_from_function(self, fn):
+    del fn
+    return tf.zeros([2, 1])
+
+
+def test_sample_chain_names_the_step_a_peer_was_lost_at():
+  kernel = nuts.NoUTurnSampler(_normal, 0.5)
+  with pytest.raises(replicas.ReplicaLostError,
+                     match="bootstrap_results of a sharded run.*did not "
+                     "take part.*Connection reset by peer"):
+    replicas.sample_chain(_PeerGone(), 3, lambda context: None, kernel,
+                          seed=(1, 2))
