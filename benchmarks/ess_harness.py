@@ -107,11 +107,11 @@ def run(system, model, init, *, num_warmup, num_draws, steps_per_call,
   began = time.perf_counter()
   results = start(init)
   probe = advance(init, results, _seed(seed, round_index, 0))
-  tf.nest.map_structure(lambda t: t.numpy(), probe)
+  tf.nest.map_structure(lambda t: t.numpy(), probe, expand_composites=True)
   first_call_s = time.perf_counter() - began
   began = time.perf_counter()
   probe = advance(init, results, _seed(seed, round_index, 0))
-  tf.nest.map_structure(lambda t: t.numpy(), probe)
+  tf.nest.map_structure(lambda t: t.numpy(), probe, expand_composites=True)
   repeat_s = time.perf_counter() - began
 
   def advance_calls(state, results, first, count, keep):

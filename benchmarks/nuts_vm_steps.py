@@ -34,7 +34,10 @@ from benchmarks import nuts_problems
 
 def _unknown_chains(value, chains):
   """A spec of `value` with its leading dimension unknown where it is
-  the chains'."""
+  the chains'. A composite value (the kernel results' momentum
+  distribution) keeps its own spec: the kernel reads only its precision."""
+  if not tf.is_tensor(value):
+    return tf.type_spec_from_value(value)
   shape = value.shape.as_list()
   if shape and shape[0] == chains:
     shape[0] = None

@@ -651,7 +651,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         gradient_utilization=tf.cast(useful, dtype) / tf.cast(
             tf.maximum(computed, 1), dtype),
         trajectory_states=structure.pack(trajectory_draws.from_flat(
-            trajectory_q, sizes, chain_shape, event_shapes)))
+            trajectory_q, self.num_trajectories_per_step, sizes, chain_shape,
+            event_shapes)))
     return structure.pack(new_parts), new_results
 
 

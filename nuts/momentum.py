@@ -194,10 +194,47 @@ def _check_structure(distribution, parts):
         "state part)")
 
 
+def _read_diagonal_precision(distribution, parts):
+  """The diagonal precision read off the metric's usual form (a joint
+  distribution of batch-broadcast, reshaped Gaussians with a diagonal
+  precision factor f: precision f**2), or None for another form. Reading
+  it needs no gradient tape inside the step, whose gradient XLA cannot
+  compile when a caller's tape records the step."""
+  if type(distribution) is not tfd.JointDistributionSequential:   # pylint: disable=unidiomatic-typecheck
+    return None
+  model = list(distribution.model)
+  if len(model) != len(parts):
+    return None
+  precisions = []
+  for dist, part in zip(model, parts):
+    if isinstance(dist, tfd.BatchBroadcast):
+      dist = dist.distribution
+    if not (isinstance(dist, tfd.TransformedDistribution)
+            and isinstance(dist.bijector, tfb.Reshape)):
+      return None
+    event_rank = tf.size(dist.bijector.parameters["event_shape_out"])
+    normal = dist.distribution
+    if not (isinstance(normal, tfp.experimental.distributions
+                       .MultivariateNormalPrecisionFactorLinearOperator)
+            and isinstance(normal.precision_factor,
+                           tf.linalg.LinearOperatorDiag)):
+      return None
+    factor = normal.precision_factor.diag_part()
+    shape = tf.shape(part)
+    flat_shape = tf.concat([shape[:tf.rank(part) - event_rank],
+                            tf.shape(factor)[-1:]], 0)
+    precisions.append(tf.reshape(
+        tf.broadcast_to(tf.square(factor), flat_shape), shape))
+  return precisions
+
+
 def diagonal_precision(distribution, parts):
   """Each part's diagonal precision a (the inverse mass), per chain:
   minus the log density's gradient at ones, shaped like the parts."""
   _check_structure(distribution, parts)
+  read = _read_diagonal_precision(distribution, parts)
+  if read is not None:
+    return read
   ones = [tf.ones_like(p) for p in parts]
   with tf.GradientTape() as tape:
     tape.watch(ones)

@@ -28,10 +28,14 @@ def initial(parts, num_trajectories):
   return [tf.repeat(p[tf.newaxis], num_trajectories, axis=0) for p in parts]
 
 
-def from_flat(trajectory_q, sizes, chain_shape, event_shapes):
+def from_flat(trajectory_q, num_trajectories, sizes, chain_shape,
+              event_shapes):
   """The parts of the draws [chains, k, d] the batched program returned
-  (state parts flattened and concatenated), as [k, chains..., event...]."""
-  k = tf.shape(trajectory_q)[1]
+  (state parts flattened and concatenated), as [k, chains..., event...].
+  Reshaped to [chains, k, d] first: in a TF1 graph with unknown chain
+  counts the program's result can lose its static rank."""
+  k = num_trajectories
+  trajectory_q = tf.reshape(trajectory_q, [-1, k, sum(sizes)])
   by_trajectory = tf.transpose(trajectory_q, [1, 0, 2])
   return [tf.reshape(v, tf.concat([[k], chain_shape, s], 0))
           for v, s in zip(tf.split(by_trajectory, sizes, axis=-1),
