@@ -39,6 +39,7 @@ from benchmarks import ess_harness
 from benchmarks import ess_models
 from benchmarks import ess_report
 from benchmarks import machine as machine_lib
+from benchmarks import quiet
 
 flags.DEFINE_list("models", list(ess_models.MODELS),
                   f"models, of: {', '.join(ess_models.MODELS)}")
@@ -134,6 +135,7 @@ def _write(payload):
 
 
 def main(argv):
+  quiet.silence_peers()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if FLAGS.from_json:
