@@ -228,11 +228,79 @@ def _tfp_nuts_data_sharded(strategy):
   return None
 
 
+def _windowed_model():
+  """mu ~ N(0, 1), sigma ~ HalfNormal(1), 6 observations y ~ N(mu, sigma),
+  in float64 (a constrained variable, so the bijector is in the run)."""
+  tfd = tfp.distributions
+  one = tf.constant(1., tf.float64)
+  return tfd.JointDistributionNamed(dict(
+      mu=tfd.Normal(0. * one, one),
+      sigma=tfd.HalfNormal(one),
+      y=lambda mu, sigma: tfd.Independent(tfd.Normal(
+          mu[..., None] * tf.ones([6], tf.float64), sigma[..., None]), 1)))
+
+
+WINDOWED_Y = [0.3, 1.1, -0.4, 2.0, 0.9, 1.5]
+
+
+def _windowed(backend, num_adaptation_steps, n_draws, n_chains,
+              chain_axis_names=None):
+  draws, trace = nuts.windowed_adaptive_nuts(
+      n_draws, _windowed_model(), n_chains=n_chains,
+      num_adaptation_steps=num_adaptation_steps, max_tree_depth=4,
+      chunk_size=7, backend=backend, seed=SEED, progress_bar=False,
+      chain_axis_names=chain_axis_names,
+      y=tf.constant(WINDOWED_Y, tf.float64))
+  return {"mu": draws["mu"].numpy().tolist(),
+          "sigma": draws["sigma"].numpy().tolist(),
+          "step_size": trace["step_size"].numpy().tolist(),
+          "variance_scaling": [v.numpy().tolist()
+                               for v in trace["variance_scaling"]],
+          "target_log_prob": trace["target_log_prob"].numpy().tolist()}
+
+
+def windowed_mirrored(devices, backend, num_adaptation_steps=30, n_draws=5):
+  """`nuts.windowed_adaptive_nuts` over MirroredStrategy on `devices`
+  logical CPUs (CHAINS_PER_REPLICA chains each) under `chain_axis_names`,
+  and the same call unsharded; and the errors of calls it refuses."""
+  _set_logical_cpus(devices)
+  strategy = tf.distribute.MirroredStrategy(
+      [d.name for d in tf.config.list_logical_devices("CPU")])
+  n_chains = devices * CHAINS_PER_REPLICA
+  settings = dict(backend=backend, num_adaptation_steps=num_adaptation_steps,
+                  n_draws=n_draws, n_chains=n_chains)
+  start = time.time()
+  with strategy.scope():
+    out = {"sharded": _windowed(chain_axis_names="chains", **settings)}
+  out["sharded_seconds"] = time.time() - start
+  out["unsharded"] = _windowed(**settings)
+  errors = {}
+  for where, call in (
+      ("no_strategy", lambda: _windowed(chain_axis_names="chains",
+                                        **settings)),
+      ("uneven", lambda: _windowed(chain_axis_names="chains",
+                                   **dict(settings, n_chains=n_chains + 1))),
+      ("in_run", lambda: strategy.run(lambda: _windowed(
+          chain_axis_names="chains", **settings)))):
+    try:
+      if where == "uneven":
+        with strategy.scope():
+          call()
+      else:
+        call()
+      errors[where] = None
+    except ValueError as e:
+      errors[where] = str(e)
+  out["errors"] = errors
+  return out
+
+
 if __name__ == "__main__":
   args = json.loads(sys.argv[1])
   mode = args.pop("mode")
   result = {"mirrored": mirrored, "worker": worker, "unsharded": unsharded,
-            "data_mirrored": data_mirrored}[mode](**args)
+            "data_mirrored": data_mirrored,
+            "windowed_mirrored": windowed_mirrored}[mode](**args)
   if isinstance(result, dict):
     result["cpu_sec"] = resource.getrusage(resource.RUSAGE_SELF).ru_utime
   print(json.dumps(result))
