@@ -116,13 +116,15 @@ def mirrored(devices, backend):
 
 
 def worker(ports, index, backend, timeout_seconds, done_dir,
-           die_at_step=None, reference=False):
+           die_at_step=None, reference=False, windowed=False):
   """One worker of a two-process MultiWorkerMirroredStrategy on localhost.
   With `die_at_step`, worker 1 exits abruptly before that step; with
   `reference`, the worker also runs the unsharded chains afterwards (its
   program is converted already). A worker that finishes waits for the
   others (files in `done_dir`) before it exits: a peer that leaves while
-  another still reads the last all-reduce resets its connection."""
+  another still reads the last all-reduce resets its connection. With
+  `windowed`, `nuts.windowed_adaptive_nuts` with `chain_axis_names` (20
+  warm-up steps, 2 draws) instead of the kernel's run."""
   os.environ["TF_CONFIG"] = json.dumps({
       "cluster": {"worker": [f"localhost:{p}" for p in ports]},
       "task": {"type": "worker", "index": index}})
@@ -131,6 +133,20 @@ def worker(ports, index, backend, timeout_seconds, done_dir,
           timeout_seconds=timeout_seconds))
 
   start = time.time()
+  if windowed:
+    settings = dict(backend=backend, num_adaptation_steps=20, n_draws=2,
+                    n_chains=strategy.num_replicas_in_sync
+                    * CHAINS_PER_REPLICA)
+    with strategy.scope():
+      out = {"sharded": _windowed(chain_axis_names="chains", **settings)}
+    out["seconds"] = time.time() - start
+    if reference:
+      out["unsharded"] = _windowed(**settings)
+    with open(os.path.join(done_dir, str(index)), "w"):
+      pass
+    while len(os.listdir(done_dir)) < len(ports):
+      time.sleep(0.2)
+    return out
   try:
     if die_at_step is None:
       out, _ = sharded(strategy, backend)

@@ -91,14 +91,15 @@ def test_mirrored_two_cpus_pc_xla_equals_unsharded():
   _mirrored(2, backend="pc:xla")
 
 
-def _workers(done_dir, die_at_step=None, timeout_seconds=600):
+def _workers(done_dir, die_at_step=None, timeout_seconds=600,
+             windowed=False):
   # A collective's timeout counts from when one worker reaches it: on a
   # loaded machine a peer may trace its step a minute or more later.
   ports = _free_ports(2)
   return [_start({"mode": "worker", "ports": ports, "index": i,
                   "backend": "pc:graph", "timeout_seconds": timeout_seconds,
                   "done_dir": str(done_dir),
-                  "die_at_step": die_at_step,
+                  "die_at_step": die_at_step, "windowed": windowed,
                   "reference": i == 0 and die_at_step is None})
           for i in range(2)]
 
@@ -181,6 +182,30 @@ def test_windowed_adaptive_nuts_mirrored_two_cpus_equals_unsharded():
   assert "strategy.scope()" in errors["no_strategy"]
   assert "split evenly over 2 replicas" in errors["uneven"]
   assert "not inside strategy.run" in errors["in_run"]
+
+
+@pytest.mark.nightly
+def test_windowed_adaptive_nuts_mirrored_pc_xla_equals_unsharded():
+  # The default backend: its compiled step shared by the replicas.
+  _windowed_mirrored("pc:xla", num_adaptation_steps=20, n_draws=2)
+
+
+@pytest.mark.nightly
+def test_windowed_adaptive_nuts_two_workers_equals_unsharded(tmp_path):
+  # Each worker holds one replica of 2 chains; the states and traces are
+  # gathered across the processes, so each worker returns all 4 chains.
+  workers = _workers(tmp_path, windowed=True)
+  try:
+    outs = [_result(w, timeout=1500) for w in workers]
+  finally:
+    for p in workers:
+      if p.poll() is None:
+        p.kill()
+  unsharded = outs[0]["unsharded"]
+  for out in outs:
+    for key in ("mu", "sigma", "step_size", "target_log_prob"):
+      np.testing.assert_allclose(out["sharded"][key], unsharded[key],
+                                 rtol=1e-9, atol=1e-12, err_msg=key)
 
 
 # -- the kernel's arguments, in this process ----------------------------------
