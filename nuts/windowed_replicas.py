@@ -194,7 +194,10 @@ class ReplicaSteps:
           num_adaptation_steps, is_adapting, step_seed)
       states.append(self._gather(self._state))
       traces.append(self._gather(trace))
-    stack = lambda *xs: tf.stack(xs, 0)   # pylint: disable=unnecessary-lambda-assignment
-    return (tf.nest.map_structure(stack, *states),
-            tf.nest.map_structure(stack, *traces),
+    return (tf.nest.map_structure(_stack, *states),
+            tf.nest.map_structure(_stack, *traces),
             self._first(self._results))
+
+
+def _stack(*steps):
+  return tf.stack(steps, 0)
