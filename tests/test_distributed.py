@@ -84,7 +84,7 @@ def test_mirrored_four_cpus_equals_unsharded():
   _mirrored(4)
 
 
-@pytest.mark.slow
+@pytest.mark.nightly
 def test_mirrored_two_cpus_pc_xla_equals_unsharded():
   # The XLA-compiled step, traced once and shared by the replicas (each
   # passes its own first chain's index), inside strategy.run's graph.
