@@ -14,7 +14,8 @@ and runs each step as one `strategy.run` of the adaptation kernel's
   `experimental_reduce_chain_axis_names` reduces the acceptance statistic
   over every replica's chains inside each step; every replica holds the
   same step size.
-* Each step's state is gathered (`strategy.gather`) over the replicas, so
+* Each step's state is gathered over the replicas (on one host, the
+  replicas' chains concatenated; across hosts, an all-gather in the step), so
   the caller holds every chain, as an unsharded run does: the diagonal
   metric's variances and Stan's step-size heuristic after each metric
   window are computed on all N*C chains' draws. (TFP 0.25's running
@@ -86,6 +87,11 @@ class ReplicaSteps:
   def __init__(self, strategy, num_chains):
     self.strategy = strategy
     self.local_chains = num_chains // strategy.num_replicas_in_sync
+    # With several workers, each step gathers the chains inside the
+    # replicas' graph (one all-gather); on one host the caller concatenates
+    # its replicas' chains.
+    self._across_hosts = (len(strategy.extended.worker_devices)
+                          < strategy.num_replicas_in_sync)
     self._state = None      # distributed: each replica's chains
     self._results = None    # distributed
     self._compiled = {}
@@ -142,7 +148,27 @@ class ReplicaSteps:
     state, results = kernel.one_step(state, results, seed=seed)
     trace = (() if run.trace_fn is None else
              run.trace_fn(state, run.model.bijector, is_adapting, results))
-    return state, trace, results
+    shown = (state, trace)
+    if self._across_hosts:
+      shown = self._all_gather(shown)
+    return state, shown, results
+
+  def _is_per_chain(self, x):
+    return bool(x.shape.rank) and x.shape[0] == self.local_chains
+
+  def _all_gather(self, value):
+    """Per-chain leaves gathered over every replica (replica order), in one
+    all-gather; booleans travel as int32 (collectives take no booleans)."""
+    leaves = tf.nest.flatten(value)
+    picked = [i for i, x in enumerate(leaves) if self._is_per_chain(x)]
+    if not picked:
+      return value
+    sent = [tf.cast(leaves[i], tf.int32) if leaves[i].dtype == tf.bool
+            else leaves[i] for i in picked]
+    gathered = tf.distribute.get_replica_context().all_gather(sent, axis=0)
+    for i, x in zip(picked, gathered):
+      leaves[i] = tf.cast(x, tf.bool) if leaves[i].dtype == tf.bool else x
+    return tf.nest.pack_sequence_as(value, leaves)
 
   # -- the caller's side -----------------------------------------------------
 
@@ -153,22 +179,18 @@ class ReplicaSteps:
     return self.strategy.run(self._compiled[name], args)
 
   def _gather(self, value):
-    """Per-chain leaves (leading dimension the replica's chains) gathered
-    over the replicas in replica order; others (reduced statistics, the
-    same on every replica) from the first local replica."""
-    replicas = self.strategy.num_replicas_in_sync
+    """A step's values holding every chain: per-chain leaves (leading
+    dimension the replica's chains) of this host's replicas concatenated in
+    replica order, or gathered in the step across hosts; others (reduced
+    statistics, the same on every replica) from the first local replica."""
+    if self._across_hosts:
+      return self._first(value)
 
     def gather(x):
       local = self.strategy.experimental_local_results(x)
-      if not (local[0].shape.rank and local[0].shape[0] == self.local_chains):
-        return local[0]
-      if len(local) == replicas:   # one host holds them all
+      if self._is_per_chain(local[0]):
         return tf.concat(local, 0)
-      if local[0].dtype == tf.bool:   # collectives do not gather booleans
-        return tf.cast(self.strategy.gather(
-            tf.nest.map_structure(lambda v: tf.cast(v, tf.int8), x),
-            axis=0), tf.bool)
-      return self.strategy.gather(x, axis=0)
+      return local[0]
     return tf.nest.map_structure(gather, value)
 
   def _first(self, value):
@@ -189,11 +211,12 @@ class ReplicaSteps:
     num_steps, _, _, precisions, num_adaptation_steps, is_adapting, seed = args
     states, traces = [], []
     for step_seed in tf.unstack(sample_chain_step_seeds(num_steps, seed)):
-      self._state, trace, self._results = self._run(
+      self._state, shown, self._results = self._run(
           "_replica_step", run, self._state, self._results, precisions,
           num_adaptation_steps, is_adapting, step_seed)
-      states.append(self._gather(self._state))
-      traces.append(self._gather(trace))
+      state, trace = self._gather(shown)
+      states.append(state)
+      traces.append(trace)
     return (tf.nest.map_structure(_stack, *states),
             tf.nest.map_structure(_stack, *traces),
             self._first(self._results))
