@@ -47,7 +47,7 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
   assert plot.stat().st_size > 0
 
 
-@pytest.mark.slow   # traces and compiles our kernel on 2 replicas
+@pytest.mark.nightly   # compiles our kernel on 2 replicas: ~80 s loaded
 def test_replicas_flag_shards_our_chains(tmp_path):
   output = tmp_path / "ess.json"
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
@@ -66,12 +66,23 @@ def test_replicas_flag_shards_our_chains(tmp_path):
   for field in ("sampling_s", "min_ess_bulk", "leapfrogs_per_draw",
                 "step_size"):
     assert median[field] > 0, field
+
+
+@pytest.mark.slow   # a fresh interpreter imports TensorFlow
+def test_replicas_flag_refuses_tfp_and_uneven_chains():
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
   refused = subprocess.run(
       [sys.executable, "-m", "benchmarks.ess", "--replicas=2",
        "--systems=tfp,pc:xla", "--chains=4", "--output=", "--plot="],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert refused.returncode != 0
   assert "leave 'tfp' out of --systems" in refused.stderr
+  uneven = subprocess.run(
+      [sys.executable, "-m", "benchmarks.ess", "--replicas=2",
+       "--systems=pc:xla", "--chains=3", "--output=", "--plot="],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert uneven.returncode != 0
+  assert "cannot be split evenly over --replicas=2" in uneven.stderr
 
 
 def test_every_model_has_a_finite_target_and_ground_truth():
