@@ -292,10 +292,12 @@ class BlockExecution:
     `batched_primitive_calls`)."""
     ins = [self.read(v) for v in op.ins]
     skip = lambda: (self.zeros(op), 0)
-    if self.mode == "xla":
+    if self.mode == "xla" or vectorize.tracing_for_xla_gradient():
       # Traced for each bucket's static size: XLA cannot compile some
       # models' gradients traced for any number of rows (TFP's
-      # CorrelationCholesky bijector, as in LKJ models).
+      # CorrelationCholesky bijector, as in LKJ models), nor the VM's
+      # gradient, which keeps a model call's intermediates step by step
+      # in lists of one static shape (`xla_gradient`).
       return batched_primitive_calls.on_members_in_buckets(
           functools.partial(self.kernel_of, op), self.z,
           self.members(guard), ins, skip)
