@@ -266,7 +266,7 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
     del n
     if not compiled_by_xla:
       return vectorized_map(per_example_fn, ins, op.code)
-    with pfor_conditions.as_selects():
+    with pfor_conditions.as_selects(for_gradient=_FOR_XLA_GRADIENT.get()):
       outs = vectorized_map(per_example_fn, ins, op.code)
     return _computed_once(outs, ins) if inside_xla else outs
   return run_vectorized

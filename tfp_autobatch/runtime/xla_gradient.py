@@ -92,8 +92,14 @@ class XlaGradient:
     size = leaves[0].shape[0]
     bound = step_bound(steps, self._least_bound.get(size, 0))
     while True:
-      backward = self._backward_for(size, bound, variables)
-      grads, finished = backward(inputs, upstream)
+      # Traced first: `stop_recording` would stop the trace's own tape.
+      backward = self._backward_for(size, bound, variables
+                                    ).get_concrete_function(inputs, upstream)
+      # Not recorded by a tape around the gradient's computation: the
+      # backward pass has no gradient of its own (no second derivatives
+      # through pc:xla), and a recorded call would build one at once.
+      with record.stop_recording():
+        grads, finished = backward(inputs, upstream)
       if bool(finished):
         break
       bound *= 2
