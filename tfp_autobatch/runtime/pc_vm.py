@@ -239,14 +239,15 @@ class PcVmRuntime:
     """`vm(*args)` for a VM compiled by XLA, which has no gradient:
     runs forward under tapes, a gradient is a clear error
     (`no_gradient`)."""
-    mode = "pc:xla" if self.mode == "xla" else (
+    mode = "pc:xla inside a tf.function" if self.mode == "xla" else (
         "pc:graph inside tf.function(jit_compile=True)")
     return no_gradient.call(vm, args, (
         f"tfp_autobatch: {mode} is not differentiable (XLA compiles "
         "the VM's loop and its in-place writes, which have no "
-        "gradient); take gradients through backend='pc:graph' (in a "
-        "tf.function without jit_compile), 'pc:eager', 'local:eager' "
-        "or 'local:eager_xla', or put tf.stop_gradient on its results"))
+        "gradient); take gradients through pc:xla called eagerly, or "
+        "backend='pc:graph' (in a tf.function without jit_compile), "
+        "'pc:eager', 'local:eager' or 'local:eager_xla', or put "
+        "tf.stop_gradient on its results"))
 
   def compiled_for(self, args):
     """The VM's `tf.function` for a batch like `args`.
