@@ -23,9 +23,8 @@ it instead: the gradient of a function call passes the constants its
 backward reads (split axes, shapes) out of the forward function as
 outputs, which in the VM's loop its gradient accumulates, and XLA can
 then no longer read them as constants. (The block runner also runs
-`@batched_primitive`s there on buckets of static sizes, as under
-`pc:xla`: the loop's gradient keeps their intermediates in lists of
-entries of one static shape.)
+`@batched_primitive`s there on every row: the loop's gradient keeps their
+intermediates in buffers of entries of one static shape.)
 """
 import collections
 import contextlib

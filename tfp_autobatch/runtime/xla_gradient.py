@@ -18,7 +18,7 @@ and the backward pass runs again with the bound doubled. The largest
 bound used for a batch size is kept as the next call's least.
 
 The backward traces the VM's kernels in place and its batched primitives'
-calls on buckets of static sizes (`vectorize.for_xla_gradient`), and
+calls on every row (`vectorize.for_xla_gradient`), and
 pfor's ops with constant axes with the axes constant (`pfor_conditions`):
 XLA needs those constants and shapes at compile time, which the loop's
 accumulators would hide.
