@@ -23,6 +23,8 @@ pfor's ops with constant axes with the axes constant (`pfor_conditions`):
 XLA needs those constants and shapes at compile time, which the loop's
 accumulators would hide.
 """
+import functools
+
 import tensorflow as tf
 
 from tfp_autobatch.runtime import run_counters
@@ -114,9 +116,11 @@ class XlaGradient:
     key = (size, bound, tuple(v.ref() for v in variables))
     backward = self._backward.get(key)
     if backward is None:
+      # A partial, as for the VM (`pc_vm.PcVmRuntime.compiled_for`): TF's
+      # retracing detector would count every backward as one function.
       backward = self._backward[key] = tf.function(
-          self._backward_fn(bound, variables), jit_compile=True,
-          autograph=False, reduce_retracing=False)
+          functools.partial(self._backward_fn(bound, variables)),
+          jit_compile=True, autograph=False)
     return backward
 
   def _backward_fn(self, bound, variables):
