@@ -11,8 +11,7 @@ a BiLSTM tagger and an LSTM sequence classifier, at the DyNet paper's
 sizes (embeddings and states of 256, a vocabulary of 10,000) on seeded
 synthetic data with its length distributions (`examples/neural_data.py`).
 
-Systems: each of our `--backends` (pc:xla runs inference only: it has no
-gradient), with the models' cells vectorised with the per-example code
+Systems: each of our `--backends`, with the models' cells vectorised with the per-example code
 and, named `<backend>+batched_cells`, as `@tab.batched_primitive`s
 (`--cells`); `tf_eager`, the per-example plain-TF models one example after
 another (the floor; only the first `--eager_cap` examples of a batch are

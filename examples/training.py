@@ -3,9 +3,9 @@ optimizer update of the model's shared weights.
 
 `mean_loss(model, data, backend)` is a workload's batched loss
 (`tree_lstm.mean_loss`, ...); the gradient flows through the batched
-program on any backend that differentiates (`tab.BACKENDS` less
-`pc:xla`, see the README's "Backends"), reaching every `tf.Variable`
-the program reads.
+program on every backend (`pc:xla` called eagerly, as here; see
+docs/backends.md, "Gradients"), reaching every `tf.Variable` the program
+reads.
 """
 import tensorflow as tf
 

@@ -217,6 +217,22 @@ def test_floating_point_arms_stay_branches_and_keep_finite_gradients(
   assert np.isfinite(grad.numpy()).all(), grad
 
 
+@pytest.mark.slow
+def test_pc_xla_gradient_runs_the_program_with_branches():
+  # pc:xla's own program makes the floating-point arm a select, whose
+  # gradient is NaN; its gradient reruns pc:graph's program instead.
+  assert _selects(_float_arm, F32, "pc:xla") > 0
+  x = tf.constant([-4., 0., 2., 9.])
+  grads = {}
+  for backend in ("pc:graph", "pc:xla"):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = _float_arm(x, backend=backend)
+    grads[backend] = tf.convert_to_tensor(tape.gradient(y, x)).numpy()
+  assert np.isfinite(grads["pc:xla"]).all(), grads
+  np.testing.assert_allclose(grads["pc:xla"], grads["pc:graph"], rtol=1e-6)
+
+
 @tab.batch
 def _float_collatz(x):   # collatz on whole floats: a float `if` in a loop
   steps = tf.zeros_like(x, tf.int32)

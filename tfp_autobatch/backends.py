@@ -16,8 +16,8 @@ from tfp_autobatch.runtime import vectorize
 
 
 def _local(jit_compile):
-  def make(program, max_stack_depth, stack_program_of):
-    del stack_program_of   # the local strategies run IR-1
+  def make(program, max_stack_depth, stack_program_of, differentiable):
+    del stack_program_of, differentiable   # the local strategies run IR-1
     return local_static.LocalStaticRuntime(
         program, vectorize.KernelCache(jit_compile=jit_compile),
         max_stack_depth, strategy="gather", bucket=jit_compile)
@@ -25,9 +25,11 @@ def _local(jit_compile):
 
 
 def _pc(mode, schedule="primitives_last"):
-  def make(program, max_stack_depth, stack_program_of):
-    return pc_vm.PcVmRuntime(stack_program_of(program),
-                             max_stack_depth, mode=mode, schedule=schedule)
+  def make(program, max_stack_depth, stack_program_of, differentiable):
+    return pc_vm.PcVmRuntime(
+        stack_program_of(program), max_stack_depth, mode=mode,
+        schedule=schedule,
+        differentiable=differentiable if mode == "xla" else None)
   return make
 
 
@@ -42,12 +44,14 @@ _FACTORIES = {
 BACKENDS = tuple(_FACTORIES)
 EAGER_ONLY = ("local:eager", "local:eager_xla", "pc:eager")
 COMPILED_BY_XLA = tuple(name for name in BACKENDS if name.endswith("xla"))
-# Backends no gradient goes through (`runtime/no_gradient.py`: XLA
-# compiles the whole VM), whose programs therefore run both arms of small
-# floating-point `if`s too (`passes/if_to_select.py`). `pc:graph` is not
-# one, even inside `tf.function(jit_compile=True)`: its program is made
-# before the call knows where it runs, and is the one it runs eagerly.
+# Backends whose programs run both arms of small floating-point `if`s too
+# (`passes/if_to_select.py`), since no gradient goes through them: `pc:xla`
+# differentiates (eagerly) by running `GRADIENT_BACKEND`'s program instead
+# (`runtime/xla_gradient.py`). `pc:graph` is not one, even inside
+# `tf.function(jit_compile=True)`: its program is made before the call
+# knows where it runs, and is the one it runs eagerly.
 NEVER_DIFFERENTIATED = ("pc:xla",)
+GRADIENT_BACKEND = "pc:graph"
 
 
 def check_name(name):
@@ -57,8 +61,11 @@ def check_name(name):
   return name
 
 
-def make_runtime(name, program, max_stack_depth, stack_program_of):
+def make_runtime(name, program, max_stack_depth, stack_program_of,
+                 differentiable=None):
   """The runtime of backend `name` for typed IR-1 `program`;
-  `stack_program_of(program)` is its IR-2 (see the module docstring)."""
+  `stack_program_of(program)` is its IR-2 (see the module docstring).
+  `differentiable()`, for `pc:xla`: the `GRADIENT_BACKEND` runtime of the
+  same function and inputs, which its gradient runs."""
   return _FACTORIES[check_name(name)](program, max_stack_depth,
-                                      stack_program_of)
+                                      stack_program_of, differentiable)

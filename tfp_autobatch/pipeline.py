@@ -193,5 +193,7 @@ def runtime(entry, arg_types, backend):
   if key not in cache:
     cache[key] = backends.make_runtime(
         backend, typed_program(entry, arg_types, backend),
-        entry.max_stack_depth, stack_program_of)
+        entry.max_stack_depth, stack_program_of,
+        differentiable=lambda: runtime(entry, arg_types,
+                                       backends.GRADIENT_BACKEND))
   return cache[key]

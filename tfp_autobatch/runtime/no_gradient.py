@@ -1,5 +1,8 @@
 """Calling a VM that XLA compiles, which has no gradient, under tapes.
 
+(Where `pc:xla` is called in a graph, or `pc:graph` inside the user's
+`jit_compile`. Called eagerly, `pc:xla` differentiates: `xla_gradient`.)
+
 XLA compiles the VM's while loop and its in-place stack writes, neither of
 which TensorFlow can differentiate. `call` makes the VM's call stand for
 "no gradient here" instead: a forward call under a recording tape works

@@ -76,6 +76,7 @@ from tfp_autobatch.runtime import stats as stats_lib
 from tfp_autobatch.runtime import variable_store
 from tfp_autobatch.runtime import vectorize
 from tfp_autobatch.runtime import vm_layout
+from tfp_autobatch.runtime import xla_gradient
 
 # How many static batch sizes `pc:graph` traces a VM of its own for: each
 # trace costs a first call its compile time, so further sizes share one
@@ -109,6 +110,10 @@ class PcVmRuntime:
     mode: "eager" (Python loop, for debugging), "graph" or "xla".
     schedule: which block runs next, one of `schedule.SCHEDULES` (see
       `schedule`).
+    differentiable: for mode "xla", a function returning the `pc:graph`
+      runtime of the same program without floating-point selects, which
+      the gradient of an eager call under a tape runs (`xla_gradient`);
+      None: no gradient (`no_gradient`).
   """
 
   # Of this thread's last run: RunStats eagerly, the counts as tensors traced.
@@ -116,7 +121,7 @@ class PcVmRuntime:
   stats_tensors = stats_lib.PerThread()
 
   def __init__(self, program, max_stack_depth, mode="graph",
-               schedule="lowest_pc"):
+               schedule="lowest_pc", differentiable=None):
     if mode not in ("eager", "graph", "xla"):
       raise ValueError(f"mode must be eager, graph or xla, not {mode!r}")
     self.program = program
@@ -137,6 +142,8 @@ class PcVmRuntime:
     # (static batch size or None, traced for the caller's XLA) -> tf.function
     self._compiled = {}
     self._concrete = {}   # its tf.function -> its concrete function
+    self._differentiable = differentiable
+    self._gradient = None   # xla_gradient.XlaGradient, made on first use
 
   # -- the public interface shared with LocalStaticRuntime -------------------
 
@@ -158,6 +165,9 @@ class PcVmRuntime:
         outs = self.compiled_for(args)(*args)
       # (Eagerly only while a tape records: the wrapper's cost is a
       # large part of a small batch's call, `benchmarks.programs`.)
+      elif (eager and self._differentiable is not None
+            and _tf_private.record.could_possibly_record()):
+        outs = self._with_gradient(self._concrete_for(args), args)
       elif compiled_by_xla and (not eager or _tf_private.record.could_possibly_record()):
         outs = self._without_gradient(self._concrete_for(args), *args)
       else:
@@ -203,18 +213,41 @@ class PcVmRuntime:
     with tf.control_dependencies(checks):
       return tf.nest.map_structure(output, result)
 
+  def _with_gradient(self, vm, args):
+    """`vm(*args)` for pc:xla called eagerly under a tape, with a gradient
+    (`xla_gradient`)."""
+    if self._gradient is None:
+      self._gradient = xla_gradient.XlaGradient(self._differentiable())
+    return self._gradient.call(vm, args)
+
+  def differentiable_result(self, args, max_steps):
+    """(the VM's result, whether every member halted) for `args`, traced
+    into the current graph as a loop of at most `max_steps` steps, with
+    the kernels traced in place: the form whose gradient XLA compiles
+    (`xla_gradient`, `vectorize.for_xla_gradient`). Members still running
+    at the bound return junk."""
+    with vectorize.for_xla_gradient():
+      layout = self.layout_for(_static_batch_size(args))
+      state = self._initial_state(layout, list(args))
+      nxt, state = self._loop(layout, state, max_steps)
+    small = self._small(layout, state)
+    return (self._store.value(small["vars"][self.program.result],
+                              self.program.result),
+            nxt >= self.program.halt)
+
   def _without_gradient(self, vm, *args):
     """`vm(*args)` for a VM compiled by XLA, which has no gradient:
     runs forward under tapes, a gradient is a clear error
     (`no_gradient`)."""
-    mode = "pc:xla" if self.mode == "xla" else (
+    mode = "pc:xla inside a tf.function" if self.mode == "xla" else (
         "pc:graph inside tf.function(jit_compile=True)")
     return no_gradient.call(vm, args, (
         f"tfp_autobatch: {mode} is not differentiable (XLA compiles "
         "the VM's loop and its in-place writes, which have no "
-        "gradient); take gradients through backend='pc:graph' (in a "
-        "tf.function without jit_compile), 'pc:eager', 'local:eager' "
-        "or 'local:eager_xla', or put tf.stop_gradient on its results"))
+        "gradient); take gradients through pc:xla called eagerly, or "
+        "backend='pc:graph' (in a tf.function without jit_compile), "
+        "'pc:eager', 'local:eager' or 'local:eager_xla', or put "
+        "tf.stop_gradient on its results"))
 
   def compiled_for(self, args):
     """The VM's `tf.function` for a batch like `args`.
@@ -303,43 +336,7 @@ class PcVmRuntime:
             and bool(tf.reduce_any(subscripts.faulted(small["index_fault"])))):
           break
     else:
-      def next_block(state):
-        return self.schedule.next_block(
-            self._register(layout, state, "pc_top"))
-      def run(dispatch):
-        def body(nxt, state):
-          state = self._step(layout, nxt, state, eager=False,
-                             dispatch=dispatch)
-          return next_block(state), state
-        return body
-      start = (next_block(state), state)
-      if len(layout.dispatches) == 1:
-        _, state = tf.while_loop(lambda nxt, state: nxt < halt,
-                                 run(layout.dispatches[0]), start)
-      else:
-        # A loop per dispatch, each running its blocks while the next block
-        # is one of them, in a loop that runs until every member halts.
-        # Each loop applies its own dispatch's bank writes (a scatter in a
-        # conditional's branch would copy the whole bank instead).
-        number = [layout.dispatches.index(layout.dispatch_of[i])
-                  for i in range(halt)] + [-1]
-        def body(nxt, state):
-          for n, dispatch in enumerate(layout.dispatches):
-            def loop(nxt, state, n=n, dispatch=dispatch):
-              return tf.while_loop(
-                  lambda nxt, state: tf.equal(
-                      tf.gather(tf.constant(number, tf.int32), nxt), n),
-                  run(dispatch), (nxt, state))
-            # Each loop in a function of its own: TF 2.21's XLA bridge
-            # fails on three or more loops in a row in one function
-            # ("Cannot find body function ..._const_0",
-            # tensorflow/tensorflow#122886). A partial, as in
-            # `compiled_for`: TF's retracing detector would count the loops
-            # as one function traced again and again.
-            nxt, state = tf.function(functools.partial(loop),
-                                     autograph=False)(nxt, state)
-          return nxt, state
-        _, state = tf.while_loop(lambda nxt, state: nxt < halt, body, start)
+      _, state = self._loop(layout, state)
     small = self._small(layout, state)
     result = self._store.value(small["vars"][self.program.result],
                          self.program.result)
@@ -352,6 +349,52 @@ class PcVmRuntime:
     return (_poison(result, halted), small["overflow"], faults,
             run_counters.ended(state["counters"], small["overflow"],
                                faulted))
+
+  def _loop(self, layout, state, max_steps=None):
+    """The VM's loop traced from `state`: (the next block, the state)
+    once every member halted, or after `max_steps` steps (one dispatch
+    only)."""
+    halt = self.program.halt
+    def next_block(state):
+      return self.schedule.next_block(
+          self._register(layout, state, "pc_top"))
+    def run(dispatch):
+      def body(nxt, state):
+        state = self._step(layout, nxt, state, eager=False,
+                           dispatch=dispatch)
+        return next_block(state), state
+      return body
+    start = (next_block(state), state)
+    if len(layout.dispatches) == 1:
+      return tf.while_loop(lambda nxt, state: nxt < halt,
+                           run(layout.dispatches[0]), start,
+                           maximum_iterations=max_steps)
+    if max_steps is not None:
+      raise ValueError("a bound on the steps needs one dispatch (pc:graph's "
+                       "layout)")
+    # A loop per dispatch, each running its blocks while the next block
+    # is one of them, in a loop that runs until every member halts.
+    # Each loop applies its own dispatch's bank writes (a scatter in a
+    # conditional's branch would copy the whole bank instead).
+    number = [layout.dispatches.index(layout.dispatch_of[i])
+              for i in range(halt)] + [-1]
+    def body(nxt, state):
+      for n, dispatch in enumerate(layout.dispatches):
+        def loop(nxt, state, n=n, dispatch=dispatch):
+          return tf.while_loop(
+              lambda nxt, state: tf.equal(
+                  tf.gather(tf.constant(number, tf.int32), nxt), n),
+              run(dispatch), (nxt, state))
+        # Each loop in a function of its own: TF 2.21's XLA bridge
+        # fails on three or more loops in a row in one function
+        # ("Cannot find body function ..._const_0",
+        # tensorflow/tensorflow#122886). A partial, as in
+        # `compiled_for`: TF's retracing detector would count the loops
+        # as one function traced again and again.
+        nxt, state = tf.function(functools.partial(loop),
+                                 autograph=False)(nxt, state)
+      return nxt, state
+    return tf.while_loop(lambda nxt, state: nxt < halt, body, start)
 
   def _small(self, layout, state):
     """The registers, pc and overflow flags, unpacked from the loop state."""

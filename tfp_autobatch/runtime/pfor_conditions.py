@@ -13,9 +13,25 @@ conditional whose predicate is the same for every row keeps pfor's own
 conversion. `pc:xla` always vectorises under `as_selects()`; `pc:graph`
 does where it is traced inside a user's `tf.function(jit_compile=True)`
 (`in_xla_context`).
+
+Under `as_selects()` too, a split, concatenation, reduction or
+cumulative sum or product whose axis is a constant keeps its (shifted)
+axis a constant, where pfor computes it in the graph. XLA needs the axes
+of their gradients at compile time;
+in the VM's loop the computed axis is one more intermediate the loop's
+gradient accumulates, which XLA can no longer read as a constant, and
+`pc:xla`'s gradient (`xla_gradient`) failed to compile.
+
+`as_selects(for_gradient=True)`, for the trace of that gradient, also
+gathers rows of a table all rows share (an embedding) with a dense
+gradient of the table's static shape. TensorFlow's is sparse, with the
+table's shape taken from the table: an output of the VM's conditional's
+gradient that XLA, proving it constant, evaluated (the whole table, on
+the host), which it refuses past a million elements.
 """
 import contextlib
 
+import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch.runtime import batch_state
@@ -57,18 +73,118 @@ def _make_case_converter(pfor_converter):
   return convert_case
 
 
+def _shifted_axis(axis):
+  """pfor's axis (or axes) of an op on the stacked rows for the
+  per-example op's `axis` (a tensor), as a Python int (or list); None if
+  `axis` is not constant."""
+  value = tf.get_static_value(axis)
+  if value is None:
+    return None
+  return np.where(value >= 0, value + 1, value).tolist()
+
+
+def _make_split_converter(pfor_converter):
+  def convert_split(pfor_input):
+    axis = _shifted_axis(pfor_input.unstacked_input(0))
+    if axis is None:
+      return pfor_converter(pfor_input)
+    parts = tf.split(pfor_input.stacked_input(1),
+                     pfor_input.get_attr("num_split"), axis=axis)
+    return [_pfor.wrap(t, True) for t in parts]
+  return convert_split
+
+
+def _make_concat_converter(pfor_converter):
+  def convert_concat(pfor_input):
+    n = pfor_input.num_inputs
+    axis = _shifted_axis(pfor_input.unstacked_input(n - 1))
+    if axis is None:
+      return pfor_converter(pfor_input)
+    pfor_input.stack_inputs(stack_indices=range(n - 1))
+    return _pfor.wrap(tf.concat([x.t for x in pfor_input.inputs[:n - 1]],
+                                axis=axis), True)
+  return convert_concat
+
+
+def _make_reduction_converter(reduce):
+  def make(pfor_converter):
+    def convert_reduction(pfor_input):
+      axis = _shifted_axis(pfor_input.unstacked_input(1))
+      if axis is None:
+        return pfor_converter(pfor_input)
+      return _pfor.wrap(reduce(pfor_input.stacked_input(0), axis,
+                               keepdims=pfor_input.get_attr("keep_dims")),
+                        True)
+    return convert_reduction
+  return make
+
+
+def _make_cumulative_converter(cumulative):
+  def make(pfor_converter):
+    def convert_cumulative(pfor_input):
+      axis = _shifted_axis(pfor_input.unstacked_input(1))
+      if axis is None:
+        return pfor_converter(pfor_input)
+      return _pfor.wrap(cumulative(
+          pfor_input.stacked_input(0), axis,
+          exclusive=pfor_input.get_attr("exclusive"),
+          reverse=pfor_input.get_attr("reverse")), True)
+    return convert_cumulative
+  return make
+
+
+def _gather(params, indices):
+  """`tf.gather(params, indices)` with a dense gradient of `params`'
+  static shape (see the module docstring)."""
+  shape = params.shape.as_list()
+
+  @tf.custom_gradient
+  def gather(table):
+    def gradient(upstream):
+      return tf.math.unsorted_segment_sum(
+          tf.reshape(upstream, [-1] + shape[1:]), tf.reshape(indices, [-1]),
+          shape[0])
+    return tf.gather(table, indices), gradient
+  return gather(params)
+
+
+def _make_gather_converter(pfor_converter):
+  def convert_gather(pfor_input):
+    params, params_stacked, _ = pfor_input.input(0)
+    _, indices_stacked, _ = pfor_input.input(1)
+    if (params_stacked or not indices_stacked
+        or pfor_input.get_attr("batch_dims") != 0
+        or not params.shape.is_fully_defined()
+        or tf.get_static_value(pfor_input.unstacked_input(2)) != 0):
+      return pfor_converter(pfor_input)
+    return _pfor.wrap(_gather(params, pfor_input.stacked_input(1)), True)
+  return convert_gather
+
+
 def _select_converters():
   if _pfor is None:
     return {}
   registry = _pfor._pfor_converter_registry  # pylint: disable=protected-access
   makers = {"If": _make_if_converter, "StatelessIf": _make_if_converter,
             "Case": _make_case_converter,
-            "StatelessCase": _make_case_converter}
+            "StatelessCase": _make_case_converter,
+            "Split": _make_split_converter,
+            "ConcatV2": _make_concat_converter,
+            "Cumsum": _make_cumulative_converter(tf.math.cumsum),
+            "Cumprod": _make_cumulative_converter(tf.math.cumprod)}
+  makers.update({op: _make_reduction_converter(reduce) for op, reduce in (
+      ("Sum", tf.reduce_sum), ("Prod", tf.reduce_prod),
+      ("Max", tf.reduce_max), ("Min", tf.reduce_min),
+      ("Mean", tf.reduce_mean), ("All", tf.reduce_all),
+      ("Any", tf.reduce_any))})
   return {op: make(registry[op]) for op, make in makers.items()
           if op in registry}
 
 
 _SELECT_CONVERTERS = _select_converters()
+_GRADIENT_CONVERTERS = {} if _pfor is None else {
+    "GatherV2": _make_gather_converter(
+        _pfor._pfor_converter_registry["GatherV2"])}  # pylint: disable=protected-access
 
 
 def in_xla_context():
@@ -79,14 +195,19 @@ def in_xla_context():
 
 
 @contextlib.contextmanager
-def as_selects():
-  """Within it, pfor vectorises per-example conditionals as selects."""
-  if not _SELECT_CONVERTERS:
+def as_selects(for_gradient=False):
+  """Within it, pfor vectorises per-example conditionals as selects (and
+  keeps constant axes constant; with `for_gradient`, gathers from shared
+  tables too: see the module docstring)."""
+  converters = dict(_SELECT_CONVERTERS)
+  if for_gradient:
+    converters.update(_GRADIENT_CONVERTERS)
+  if not converters:
     yield
     return
   registry = _pfor._pfor_converter_registry  # pylint: disable=protected-access
-  saved = {op: registry[op] for op in _SELECT_CONVERTERS}
-  registry.update(_SELECT_CONVERTERS)
+  saved = {op: registry[op] for op in converters}
+  registry.update(converters)
   try:
     yield
   finally:

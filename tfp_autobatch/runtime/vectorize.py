@@ -16,8 +16,19 @@ more `tf.function` (with AutoGraph) of its own. Together with the tracing
 once per primitive this cut the first call of one NUTS step (trace and XLA
 compilation) by a quarter to a third, with the same step times (the first
 call's time, `first_call_sec`, in `python -m benchmarks.nuts_vm_steps`).
+
+Within `for_xla_gradient()`, where `pc:xla`'s gradient (`xla_gradient`)
+traces the VM, a kernel is traced into the graph of each block that calls
+it instead: the gradient of a function call passes the constants its
+backward reads (split axes, shapes) out of the forward function as
+outputs, which in the VM's loop its gradient accumulates, and XLA can
+then no longer read them as constants. (The block runner also runs
+`@batched_primitive`s there on every row: the loop's gradient keeps their
+intermediates in buffers of entries of one static shape.)
 """
 import collections
+import contextlib
+import contextvars
 import functools
 import logging
 import os
@@ -254,10 +265,30 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
     del n
     if not compiled_by_xla:
       return vectorized_map(per_example_fn, ins, op.code)
-    with pfor_conditions.as_selects():
+    with pfor_conditions.as_selects(for_gradient=_FOR_XLA_GRADIENT.get()):
       outs = vectorized_map(per_example_fn, ins, op.code)
     return _computed_once(outs, ins) if inside_xla else outs
   return run_vectorized
+
+
+_FOR_XLA_GRADIENT = contextvars.ContextVar(
+    "tfp_autobatch_for_xla_gradient", default=False)
+
+
+@contextlib.contextmanager
+def for_xla_gradient():
+  """Within it, the VM is traced for XLA's gradient: `KernelCache.get`
+  returns kernels traced in place (see the module docstring)."""
+  token = _FOR_XLA_GRADIENT.set(True)
+  try:
+    yield
+  finally:
+    _FOR_XLA_GRADIENT.reset(token)
+
+
+def tracing_for_xla_gradient():
+  """Whether the VM is being traced for XLA's gradient."""
+  return _FOR_XLA_GRADIENT.get()
 
 
 class KernelCache:
@@ -279,6 +310,8 @@ class KernelCache:
     # (A kernel traced for XLA, also the user's `jit_compile` around
     # pc:graph, vectorises conditionals differently: `pfor_conditions`.)
     compiled_by_xla = self.inside_xla or pfor_conditions.in_xla_context()
+    if _FOR_XLA_GRADIENT.get():
+      return batched_fn(op, out_types, self.inside_xla, compiled_by_xla)
     key = (op.code, op.batched, types_lib.hashable(tuple(in_types)),
            batch_size, compiled_by_xla)
     kernel = self._kernels.get(key)
