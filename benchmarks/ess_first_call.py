@@ -19,6 +19,10 @@ of chains:
 - `repeat_s`: the same call again (the steps alone);
 - `hlo_instructions`: the size of the HLO that XLA starts from.
 
+Each phase's CPU seconds (`cpu_s`, every thread of the process) are given
+beside its wall seconds: on a machine that other jobs load, they say more
+than the wall clock about what the phase costs.
+
 Run it for `tfp` and for our backend under the same load, and compare.
 """
 import collections
@@ -96,32 +100,38 @@ def measure(system, model, num_chains, steps_per_call, top):
     out = advance(init, results, seed)
     tf.nest.map_structure(lambda t: t.numpy(), out, expand_composites=True)
 
-  began = time.perf_counter()
-  results = start(init)
-  tf.nest.map_structure(lambda t: t.numpy(), results, expand_composites=True)
-  bootstrap_s = time.perf_counter() - began
+  wall, cpu = {}, {}
+
+  def timed(phase, fn, *args):
+    began, began_cpu = time.perf_counter(), time.process_time()
+    out = fn(*args)
+    wall[phase] = time.perf_counter() - began
+    cpu[phase] = time.process_time() - began_cpu
+    return out
+
+  def bootstrap():
+    results = start(init)
+    tf.nest.map_structure(lambda t: t.numpy(), results,
+                          expand_composites=True)
+    return results
+
+  results = timed("bootstrap", bootstrap)
   seed = tf.constant([0, 0])
-  began = time.perf_counter()
-  advance.get_concrete_function(init, results, seed)
-  trace_s = time.perf_counter() - began
+  timed("trace", advance.get_concrete_function, init, results, seed)
   logdir = tempfile.mkdtemp()
   tf.profiler.experimental.start(logdir)
-  began = time.perf_counter()
-  run(results, seed)
-  compile_and_run_s = time.perf_counter() - began
+  timed("compile_and_run", run, results, seed)
   tf.profiler.experimental.stop()
-  began = time.perf_counter()
-  run(results, seed)
-  repeat_s = time.perf_counter() - began
+  timed("repeat", run, results, seed)
   hlo = advance.experimental_get_compiler_ir(init, results, seed)(
       stage="hlo")
   events = event_seconds(nuts_profile.read_profile(logdir))
   costliest = sorted(events.items(), key=lambda kv: -kv[1][0])[:top]
   return {
       "system": system, "model": model.name, "num_chains": num_chains,
-      "steps_per_call": steps_per_call, "bootstrap_s": bootstrap_s,
-      "trace_s": trace_s, "compile_and_run_s": compile_and_run_s,
-      "repeat_s": repeat_s,
+      "steps_per_call": steps_per_call,
+      **{f"{phase}_s": s for phase, s in wall.items()},
+      "cpu_s": cpu,
       "hlo_instructions": sum(" = " in line for line in hlo.splitlines()),
       "profile_events": [{"name": name, "seconds": s, "count": n}
                          for name, (s, n) in costliest],
@@ -129,12 +139,13 @@ def measure(system, model, num_chains, steps_per_call, top):
 
 
 def report(record):
+  phases = ", ".join(
+      f"{phase.replace('_', ' ')} {record[phase + '_s']:.1f} s "
+      f"(CPU {cpu:.1f} s)" for phase, cpu in record["cpu_s"].items())
   lines = [f"{record['system']} on {record['model']}, "
-           f"{record['num_chains']} chains: bootstrap "
-           f"{record['bootstrap_s']:.1f} s, trace {record['trace_s']:.1f} s, "
-           f"compile and run {record['compile_and_run_s']:.1f} s, repeat "
-           f"{record['repeat_s']:.2f} s, {record['hlo_instructions']} HLO "
-           "instructions", "profile events (seconds summed over threads):"]
+           f"{record['num_chains']} chains: {phases}; "
+           f"{record['hlo_instructions']} HLO instructions",
+           "profile events (seconds summed over threads):"]
   lines += [f"  {e['seconds']:8.2f} s {e['count']:6d}x  {e['name']}"
             for e in record["profile_events"]]
   return "\n".join(lines)
