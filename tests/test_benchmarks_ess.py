@@ -12,7 +12,9 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+from benchmarks import ess_first_call
 from benchmarks import ess_harness
 from benchmarks import ess_models
 from benchmarks import ess_report
@@ -123,3 +125,21 @@ def test_metrics_of_independent_draws_with_known_answers():
   assert ess_report.aggregate([numbers, shifted])["max_error_mcse"] == (
       pytest.approx((numbers["max_error_mcse"] + shifted["max_error_mcse"])
                     / 2))
+
+
+def test_first_call_profile_sums_events_by_name_over_threads():
+  # `benchmarks.ess_first_call` reads XLA's compiler passes from the
+  # profiler's XSpace: seconds per name, summed over planes and threads,
+  # an instance's detail after ':' dropped.
+  space = xplane_pb2.XSpace()
+  for durations in ([2.0, 0.5], [1.0]):
+    plane = space.planes.add()
+    plane.event_metadata[1].name = "simplify-while-loops"
+    plane.event_metadata[2].name = "FusionCompiler:fusion.3"
+    line = plane.lines.add()
+    for i, seconds in enumerate(durations):
+      event = line.events.add()
+      event.metadata_id = 1 + i % 2
+      event.duration_ps = int(seconds * 1e12)
+  assert ess_first_call.event_seconds(space) == {
+      "simplify-while-loops": (3.0, 2), "FusionCompiler": (0.5, 1)}
