@@ -167,10 +167,10 @@ def test_errors_speak_the_users_language():
     nuts.windowed_adaptive_nuts(5, eight_schools_named(),
                                 init_step_size=[1., 2.], n_chains=2,
                                 num_adaptation_steps=0, **PINS)
-  with pytest.raises(ValueError, match="num_adaptation_steps"):
+  with pytest.raises(ValueError, match="inner_kernel"):
     nuts.windowed_adaptive_nuts(
         5, eight_schools_named(), n_chains=2,
-        dual_averaging_kwargs={"num_adaptation_steps": 3}, **PINS)
+        dual_averaging_kwargs={"inner_kernel": None}, **PINS)
 
 
 # -- runs ---------------------------------------------------------------------------
@@ -209,6 +209,32 @@ def test_tfp_call_with_every_return_value():
       3, eight_schools_named(), n_chains=2, num_adaptation_steps=20,
       max_tree_depth=3, trace_fn=None, seed=(3, 4), **PINS)
   assert only_draws["school_effects_std"].shape == [3, 2, 8]
+
+
+@pytest.mark.slow
+def test_returns_tfps_named_tuples():
+  # TFP returns StatesAndTrace, and CheckpointableStatesAndTrace (with
+  # `trace=()` when there is no trace_fn) for the final kernel results;
+  # code reads `.all_states` and `.final_kernel_results`. A
+  # `num_adaptation_steps` in dual_averaging_kwargs is ignored with a
+  # warning, as TFP does.
+  model = tfd.JointDistributionSequential([
+      tfd.Normal(0., 1., name="x"), lambda x: tfd.Normal(x, 1., name="y")])
+  with pytest.warns(UserWarning, match="num_adaptation_steps"):
+    out = nuts.windowed_adaptive_nuts(
+        3, model, n_chains=2, num_adaptation_steps=2, max_tree_depth=2,
+        trace_fn=None, return_final_kernel_results=True,
+        dual_averaging_kwargs={"num_adaptation_steps": 100}, seed=(1, 1),
+        y=1.)
+  assert isinstance(out, tfp.mcmc.CheckpointableStatesAndTrace)
+  assert out.trace == ()
+  assert out.all_states[0].shape == [3, 2]
+  assert _innermost(out.final_kernel_results).step_size is not None
+  out = nuts.windowed_adaptive_nuts(
+      3, model, n_chains=2, num_adaptation_steps=2, max_tree_depth=2,
+      trace_fn=lambda *args: (), seed=(1, 1), y=1.)
+  assert isinstance(out, tfp.mcmc.StatesAndTrace)
+  assert out.all_states[0].shape == [3, 2]
 
 
 @pytest.mark.slow
