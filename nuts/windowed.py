@@ -21,6 +21,7 @@ give the same draws for the same seed.
 """
 import warnings
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
@@ -151,8 +152,8 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
     raise ValueError(f"chunk_size must be positive, got {chunk_size!r}")
   model = unconstrained.UnconstrainedModel(
       unconstrained.pin(joint_dist, pins))
-  chain_shape = [int(n_chains)] if isinstance(n_chains, int) else [
-      int(n) for n in n_chains]
+  # An int (a NumPy one too) or a shape, as TFP takes it.
+  chain_shape = [int(n) for n in np.reshape(n_chains, [-1])]
   seed = tfp.random.sanitize_seed(seed)
   init_seed, heuristic_seed, run_seed = tfp.random.split_seed(seed, 3)
   if current_state is None:

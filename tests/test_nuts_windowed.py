@@ -221,8 +221,9 @@ def test_returns_tfps_named_tuples():
   model = tfd.JointDistributionSequential([
       tfd.Normal(0., 1., name="x"), lambda x: tfd.Normal(x, 1., name="y")])
   with pytest.warns(UserWarning, match="num_adaptation_steps"):
-    out = nuts.windowed_adaptive_nuts(
-        3, model, n_chains=2, num_adaptation_steps=2, max_tree_depth=2,
+    out = nuts.windowed_adaptive_nuts(   # a NumPy int as n_chains too
+        3, model, n_chains=np.int64(2), num_adaptation_steps=2,
+        max_tree_depth=2,
         trace_fn=None, return_final_kernel_results=True,
         dual_averaging_kwargs={"num_adaptation_steps": 100}, seed=(1, 1),
         y=1.)
