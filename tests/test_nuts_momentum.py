@@ -209,3 +209,31 @@ def test_mass_matrix_updates_do_not_retrace_the_step():
   assert len(traces) == traced
   # The metric did change at every step.
   assert all(np.any(a != b) for a, b in zip(variances, variances[1:]))
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_dense_metric_in_a_v1_graph(graph):
+  """TFP's `PreconditionedNoUTurnSampler` tests run in a `tf.compat.v1`
+  graph: a dense metric steps there as eagerly (the program's trajectory
+  output loses its static rank in such a graph)."""
+  cov = np.array([[1., 0.9, 0.9], [0.9, 1., 0.9], [0.9, 0.9, 1.]])
+
+  def build():
+    target = tfd.MultivariateNormalTriL(
+        loc=[1., 2., 3.], scale_tril=np.linalg.cholesky(cov))
+    metric = tfd.MultivariateNormalTriL(
+        scale_tril=np.linalg.cholesky(np.linalg.inv(cov)))
+    kernel = nuts.NoUTurnSampler(target.log_prob, 0.5, max_tree_depth=3,
+                                 momentum_distribution=metric)
+    return tfp.mcmc.sample_chain(2, tf.zeros([3], tf.float64), kernel=kernel,
+                                 trace_fn=None, seed=[3, 4])
+
+  if not graph:
+    draws = build().numpy()
+  else:
+    with tf.Graph().as_default():
+      out = build()
+      with tf.compat.v1.Session() as session:
+        draws = session.run(out)
+  assert draws.shape == (2, 3)
+  assert np.all(np.isfinite(draws))
