@@ -8,6 +8,8 @@ r"""Benchmark in the user's metric: effective samples per second, ours against
       --plot=benchmarks/results/ess_small.png
   python -m benchmarks.ess --num_trajectories_per_step=1,4   # fusion A/B
   python -m benchmarks.ess --quick               # a tiny run (tests)
+  python -m benchmarks.ess --replicas=2 --systems=pc:xla --chains=8
+      # our chains split over 2 logical CPU devices (MirroredStrategy)
   python -m benchmarks.ess --from_json=benchmarks/results/ess.json \
       --plot=benchmarks/results/ess.png          # re-plot, no run
 
@@ -23,10 +25,17 @@ of the machine falls on all of them; each number of the table is the median
 over the rounds (`benchmarks/ess_report.py` defines them). Each run
 compiles afresh: first-call seconds are measured every round.
 
+`--replicas=N` (N >= 1) splits the CPU into N logical devices and runs our
+kernel's chains split over a `tf.distribute.MirroredStrategy` of N replicas
+(`benchmarks/ess_replicas.py`: one `strategy.run` per step, the step size
+adapted over all replicas' chains); run it once per N to measure scaling.
+TFP's kernel is not sharded, so leave `tfp` out of `--systems` there.
+
 `--compile_cache_dir=DIR` turns on TensorFlow's persistent XLA compilation
 cache there (see docs/compile_cache.md), so that a second process reuses
 the first's XLA compilations.
 """
+import functools
 import json
 import os
 import sys
@@ -37,8 +46,10 @@ from absl import flags
 
 from benchmarks import ess_harness
 from benchmarks import ess_models
+from benchmarks import ess_replicas
 from benchmarks import ess_report
 from benchmarks import machine as machine_lib
+from benchmarks import quiet
 
 flags.DEFINE_list("models", list(ess_models.MODELS),
                   f"models, of: {', '.join(ess_models.MODELS)}")
@@ -65,6 +76,10 @@ flags.DEFINE_string("plot", "benchmarks/results/ess.png",
 flags.DEFINE_string("from_json", None, "re-plot and print this JSON, no run")
 flags.DEFINE_string("compile_cache_dir", None,
                     "TensorFlow's persistent XLA compilation cache folder")
+flags.DEFINE_integer("replicas", 0,
+                     "N >= 1: our chains split over a MirroredStrategy of N "
+                     "logical CPU devices (--chains in multiples of N); 0: "
+                     "no strategy")
 flags.DEFINE_bool("quick", False,
                   "a tiny run (eight_schools, 2 chains, 20 + 20 steps, 1 "
                   "round) for flags not given")
@@ -77,7 +92,10 @@ QUICK = {"models": ["eight_schools"], "chains": ["2"], "num_warmup": 20,
 def _label(system, k):
   if system == ess_harness.TFP:
     return "tfp.mcmc.NoUTurnSampler"
-  return system if k == 1 else f"{system} k={k}"
+  label = system if k == 1 else f"{system} k={k}"
+  if FLAGS.replicas:
+    label += f" on {FLAGS.replicas} replicas"
+  return label
 
 
 def _configurations():
@@ -90,13 +108,16 @@ def _configurations():
   return sorted(out, key=lambda c: c[0] != ess_harness.TFP)
 
 
-def run_cell(model, num_chains):
-  """Every system's records for one model and number of chains."""
+def run_cell(model, num_chains, strategy=None):
+  """Every system's records for one model and number of chains (split over
+  `strategy`'s replicas when given)."""
   init = ess_models.initial_state(model, num_chains, FLAGS.seed)
   rounds = {c: [] for c in _configurations()}
+  harness = (ess_harness.run if strategy is None else
+             functools.partial(ess_replicas.run, strategy=strategy))
   for round_index in range(FLAGS.rounds):
     for system, k in rounds:
-      result = ess_harness.run(
+      result = harness(
           system, model, init, num_warmup=FLAGS.num_warmup,
           num_draws=FLAGS.num_draws, steps_per_call=FLAGS.steps_per_call,
           seed=FLAGS.seed, round_index=round_index,
@@ -114,7 +135,8 @@ def run_cell(model, num_chains):
   return [{"model": model.name, "description": model.description,
            "num_dims": model.num_dims, "num_chains": num_chains,
            "system": system, "num_trajectories_per_step": k,
-           "label": _label(system, k), "rounds": per_round,
+           "label": _label(system, k), "replicas": FLAGS.replicas,
+           "rounds": per_round,
            "median": ess_report.aggregate(per_round)}
           for (system, k), per_round in rounds.items()]
 
@@ -123,7 +145,8 @@ def _settings():
   return {name: FLAGS[name].value for name in (
       "models", "chains", "systems", "num_trajectories_per_step",
       "num_warmup", "num_draws", "steps_per_call", "rounds",
-      "max_tree_depth", "target_accept_prob", "seed", "compile_cache_dir")}
+      "max_tree_depth", "target_accept_prob", "seed", "compile_cache_dir",
+      "replicas")}
 
 
 def _write(payload):
@@ -134,6 +157,7 @@ def _write(payload):
 
 
 def main(argv):
+  quiet.silence_peers()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if FLAGS.from_json:
@@ -152,6 +176,18 @@ def main(argv):
     if unknown:
       raise app.UsageError(f"unknown models {sorted(unknown)}; models: "
                            f"{', '.join(ess_models.MODELS)}")
+    strategy = None
+    if FLAGS.replicas:
+      if ess_harness.TFP in FLAGS.systems:
+        raise app.UsageError(
+            "--replicas shards our kernel's chains; leave 'tfp' out of "
+            "--systems (e.g. --systems=pc:xla)")
+      bad = [c for c in FLAGS.chains if int(c) % FLAGS.replicas]
+      if bad:
+        raise app.UsageError(f"--chains {bad} cannot be split evenly over "
+                             f"--replicas={FLAGS.replicas}")
+      ess_replicas.set_logical_cpus(FLAGS.replicas)
+      strategy = ess_replicas.mirrored_strategy(FLAGS.replicas)
     began = time.monotonic()
     payload = {"command": "python -m benchmarks.ess " + " ".join(argv[1:] or
                                                                  sys.argv[1:]),
@@ -161,7 +197,7 @@ def main(argv):
       model = ess_models.make_model(name)
       print(f"{name}: {model.description}", flush=True)
       for num_chains in (int(c) for c in FLAGS.chains):
-        payload["records"] += run_cell(model, num_chains)
+        payload["records"] += run_cell(model, num_chains, strategy)
         payload["elapsed_s"] = time.monotonic() - began
         _write(payload)
   print(ess_report.format_table(payload["records"]))

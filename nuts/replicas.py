@@ -13,6 +13,7 @@ fails because a peer died or stopped answering (within the strategy's
 naming the step.
 """
 import collections
+import weakref
 
 import tensorflow as tf
 import tensorflow_probability as tfp
@@ -76,16 +77,9 @@ def sample_chain(strategy, num_results, current_state, kernel, seed,
         current_state)
   state = current_state
   results = previous_kernel_results
+  bootstrap, step = _compiled(kernel, trace_fn)
   if results is None:
-    results = _run(strategy, tf.function(kernel.bootstrap_results,
-                                         autograph=False), (state,),
-                   "bootstrap_results")
-
-  def step_fn(state, results, step_seed):
-    state, results = kernel.one_step(state, results, seed=step_seed)
-    trace = () if trace_fn is None else trace_fn(state, results)
-    return state, results, trace
-  step = tf.function(step_fn, autograph=False)
+    results = _run(strategy, bootstrap, (state,), "bootstrap_results")
   seeds = tfp.random.split_seed(tfp.random.sanitize_seed(seed), num_results)
   states, traces = [], []
   for i in range(num_results):
@@ -98,6 +92,29 @@ def sample_chain(strategy, num_results, current_state, kernel, seed,
   traces = (tf.nest.map_structure(stack, *traces)
             if trace_fn is not None and traces else None)
   return ShardedRun(states, traces, state, results)
+
+
+# The compiled bootstrap and step of each kernel and trace_fn: a later call
+# with the same ones (a run continued in parts) does not trace them again.
+_COMPILED = weakref.WeakKeyDictionary()
+
+
+def _compiled(kernel, trace_fn):
+  per_trace = _COMPILED.setdefault(kernel, {})
+  if trace_fn not in per_trace:
+    # Weakly: the cache's values must not keep their key alive.
+    kernel_ref = weakref.ref(kernel)
+
+    def bootstrap_fn(state):
+      return kernel_ref().bootstrap_results(state)
+
+    def step_fn(state, results, step_seed):
+      state, results = kernel_ref().one_step(state, results, seed=step_seed)
+      trace = () if trace_fn is None else trace_fn(state, results)
+      return state, results, trace
+    per_trace[trace_fn] = (tf.function(bootstrap_fn, autograph=False),
+                           tf.function(step_fn, autograph=False))
+  return per_trace[trace_fn]
 
 
 def _run(strategy, fn, args, what):

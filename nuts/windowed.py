@@ -29,6 +29,7 @@ from nuts import kernel as nuts_kernel
 from nuts import progress
 from nuts import unconstrained
 from nuts import warmup_schedule
+from nuts import windowed_replicas
 
 __all__ = ["windowed_adaptive_nuts", "default_nuts_trace_fn"]
 
@@ -118,7 +119,14 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
     return_final_kernel_results: also return the last kernel results.
     discard_tuning: return only the `n_draws` draws after warm-up (else
       the warm-up's first).
-    chain_axis_names: sharded chains; not supported yet (only None).
+    chain_axis_names: a name (any string) for the replica axis to split
+      the chains over: call eagerly under `with strategy.scope():` of a
+      `tf.distribute` strategy; `n_chains` (all chains, one int) is split
+      evenly over its replicas, each step runs on every replica, and the
+      step size and metric adapt over all chains, so the draws are those
+      of the unsharded call (`nuts/windowed_replicas.py`). The draws hold
+      every chain; with `return_final_kernel_results`, the final kernel
+      results are the first local replica's.
     seed: a seed `tfp.random.sanitize_seed` takes.
     backend: ours: the `tfp_autobatch` backend of the NUTS kernel.
     progress_bar: ours: draw tqdm bars for warm-up and sampling (called
@@ -138,11 +146,6 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
     Eagerly, a Ctrl-C returns the draws made so far with a
     `nuts.SamplingInterrupted` warning.
   """
-  if chain_axis_names is not None:
-    raise NotImplementedError(
-        "nuts.windowed_adaptive_nuts does not shard chains yet "
-        "(chain_axis_names); leave it None, or use "
-        "tfp.experimental.mcmc.windowed_adaptive_nuts for sharded chains")
   for arg, value in (("n_draws", n_draws),
                      ("num_adaptation_steps", num_adaptation_steps)):
     if isinstance(value, bool) or int(value) != value or value < 0:
@@ -154,6 +157,9 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
       unconstrained.pin(joint_dist, pins))
   # An int (a NumPy one too) or a shape, as TFP takes it.
   chain_shape = [int(n) for n in np.reshape(n_chains, [-1])]
+  replica_steps = (None if chain_axis_names is None else
+                   windowed_replicas.ReplicaSteps.for_call(chain_axis_names,
+                                                           chain_shape))
   seed = tfp.random.sanitize_seed(seed)
   init_seed, heuristic_seed, run_seed = tfp.random.split_seed(seed, 3)
   if current_state is None:
@@ -169,12 +175,16 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
         model.target_log_prob, state, precisions, step_size, heuristic_seed)
   else:
     step_size = _step_size_parts(init_step_size, model)
-  run = _WindowedRun(
-      model, len(chain_shape),
-      dict(max_tree_depth=max_tree_depth, max_energy_diff=max_energy_diff,
-           unrolled_leapfrog_steps=unrolled_leapfrog_steps,
-           parallel_iterations=parallel_iterations, backend=backend),
-      _dual_averaging(dual_averaging_kwargs), trace_fn, int(chunk_size))
+  nuts_settings = dict(
+      max_tree_depth=max_tree_depth, max_energy_diff=max_energy_diff,
+      unrolled_leapfrog_steps=unrolled_leapfrog_steps,
+      parallel_iterations=parallel_iterations, backend=backend)
+  dual_averaging = _dual_averaging(dual_averaging_kwargs)
+  if replica_steps is not None:
+    nuts_settings, dual_averaging = windowed_replicas.sharded_settings(
+        chain_axis_names, nuts_settings, dual_averaging)
+  run = _WindowedRun(model, len(chain_shape), nuts_settings, dual_averaging,
+                     trace_fn, int(chunk_size), replica_steps)
   draws, trace, final_results = run(
       state, step_size, warmup_schedule.adaptation_windows(
           num_adaptation_steps), int(n_draws), discard_tuning, run_seed,
@@ -229,8 +239,9 @@ class _WindowedRun:
   """The windows of one call, run chunk by chunk."""
 
   def __init__(self, model, chain_ndims, nuts_settings, dual_averaging,
-               trace_fn, chunk_size):
+               trace_fn, chunk_size, replica_steps=None):
     self.model = model
+    self.replica_steps = replica_steps
     self.chain_ndims = chain_ndims
     self.nuts_settings = nuts_settings
     self.dual_averaging = dual_averaging
@@ -270,6 +281,8 @@ class _WindowedRun:
   def _call(self, name, *args):
     """Runs `_bootstrap` or `_chunk`; eagerly as one compiled call, traced
     once for every chunk length (the length is a tensor there)."""
+    if self.replica_steps is not None:
+      return self.replica_steps.call(self, name, *args)
     fn = getattr(self, name)
     if not tf.executing_eagerly():
       return fn(*args)

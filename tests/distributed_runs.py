@@ -116,13 +116,15 @@ def mirrored(devices, backend):
 
 
 def worker(ports, index, backend, timeout_seconds, done_dir,
-           die_at_step=None, reference=False):
+           die_at_step=None, reference=False, windowed=False):
   """One worker of a two-process MultiWorkerMirroredStrategy on localhost.
   With `die_at_step`, worker 1 exits abruptly before that step; with
   `reference`, the worker also runs the unsharded chains afterwards (its
   program is converted already). A worker that finishes waits for the
   others (files in `done_dir`) before it exits: a peer that leaves while
-  another still reads the last all-reduce resets its connection."""
+  another still reads the last all-reduce resets its connection. With
+  `windowed`, `nuts.windowed_adaptive_nuts` with `chain_axis_names` (20
+  warm-up steps, 2 draws) instead of the kernel's run."""
   os.environ["TF_CONFIG"] = json.dumps({
       "cluster": {"worker": [f"localhost:{p}" for p in ports]},
       "task": {"type": "worker", "index": index}})
@@ -131,6 +133,20 @@ def worker(ports, index, backend, timeout_seconds, done_dir,
           timeout_seconds=timeout_seconds))
 
   start = time.time()
+  if windowed:
+    settings = dict(backend=backend, num_adaptation_steps=20, n_draws=2,
+                    n_chains=strategy.num_replicas_in_sync
+                    * CHAINS_PER_REPLICA)
+    with strategy.scope():
+      out = {"sharded": _windowed(chain_axis_names="chains", **settings)}
+    out["seconds"] = time.time() - start
+    if reference:
+      out["unsharded"] = _windowed(**settings)
+    with open(os.path.join(done_dir, str(index)), "w"):
+      pass
+    while len(os.listdir(done_dir)) < len(ports):
+      time.sleep(0.2)
+    return out
   try:
     if die_at_step is None:
       out, _ = sharded(strategy, backend)
@@ -228,11 +244,79 @@ def _tfp_nuts_data_sharded(strategy):
   return None
 
 
+def _windowed_model():
+  """mu ~ N(0, 1), sigma ~ HalfNormal(1), 6 observations y ~ N(mu, sigma),
+  in float64 (a constrained variable, so the bijector is in the run)."""
+  tfd = tfp.distributions
+  one = tf.constant(1., tf.float64)
+  return tfd.JointDistributionNamed(dict(
+      mu=tfd.Normal(0. * one, one),
+      sigma=tfd.HalfNormal(one),
+      y=lambda mu, sigma: tfd.Independent(tfd.Normal(
+          mu[..., None] * tf.ones([6], tf.float64), sigma[..., None]), 1)))
+
+
+WINDOWED_Y = [0.3, 1.1, -0.4, 2.0, 0.9, 1.5]
+
+
+def _windowed(backend, num_adaptation_steps, n_draws, n_chains,
+              chain_axis_names=None):
+  draws, trace = nuts.windowed_adaptive_nuts(
+      n_draws, _windowed_model(), n_chains=n_chains,
+      num_adaptation_steps=num_adaptation_steps, max_tree_depth=4,
+      chunk_size=7, backend=backend, seed=SEED, progress_bar=False,
+      chain_axis_names=chain_axis_names,
+      y=tf.constant(WINDOWED_Y, tf.float64))
+  return {"mu": draws["mu"].numpy().tolist(),
+          "sigma": draws["sigma"].numpy().tolist(),
+          "step_size": trace["step_size"].numpy().tolist(),
+          "variance_scaling": [v.numpy().tolist()
+                               for v in trace["variance_scaling"]],
+          "target_log_prob": trace["target_log_prob"].numpy().tolist()}
+
+
+def windowed_mirrored(devices, backend, num_adaptation_steps=30, n_draws=5):
+  """`nuts.windowed_adaptive_nuts` over MirroredStrategy on `devices`
+  logical CPUs (CHAINS_PER_REPLICA chains each) under `chain_axis_names`,
+  and the same call unsharded; and the errors of calls it refuses."""
+  _set_logical_cpus(devices)
+  strategy = tf.distribute.MirroredStrategy(
+      [d.name for d in tf.config.list_logical_devices("CPU")])
+  n_chains = devices * CHAINS_PER_REPLICA
+  settings = dict(backend=backend, num_adaptation_steps=num_adaptation_steps,
+                  n_draws=n_draws, n_chains=n_chains)
+  start = time.time()
+  with strategy.scope():
+    out = {"sharded": _windowed(chain_axis_names="chains", **settings)}
+  out["sharded_seconds"] = time.time() - start
+  out["unsharded"] = _windowed(**settings)
+  errors = {}
+  for where, call in (
+      ("no_strategy", lambda: _windowed(chain_axis_names="chains",
+                                        **settings)),
+      ("uneven", lambda: _windowed(chain_axis_names="chains",
+                                   **dict(settings, n_chains=n_chains + 1))),
+      ("in_run", lambda: strategy.run(lambda: _windowed(
+          chain_axis_names="chains", **settings)))):
+    try:
+      if where == "uneven":
+        with strategy.scope():
+          call()
+      else:
+        call()
+      errors[where] = None
+    except ValueError as e:
+      errors[where] = str(e)
+  out["errors"] = errors
+  return out
+
+
 if __name__ == "__main__":
   args = json.loads(sys.argv[1])
   mode = args.pop("mode")
   result = {"mirrored": mirrored, "worker": worker, "unsharded": unsharded,
-            "data_mirrored": data_mirrored}[mode](**args)
+            "data_mirrored": data_mirrored,
+            "windowed_mirrored": windowed_mirrored}[mode](**args)
   if isinstance(result, dict):
     result["cpu_sec"] = resource.getrusage(resource.RUSAGE_SELF).ru_utime
   print(json.dumps(result))

@@ -47,6 +47,44 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
   assert plot.stat().st_size > 0
 
 
+@pytest.mark.nightly   # compiles our kernel on 2 replicas: ~80 s loaded
+def test_replicas_flag_shards_our_chains(tmp_path):
+  output = tmp_path / "ess.json"
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  subprocess.run(
+      [sys.executable, "-m", "benchmarks.ess", "--replicas=2",
+       "--systems=pc:xla", "--models=correlated_gaussian", "--chains=4",
+       "--num_warmup=4", "--num_draws=6", "--steps_per_call=2",
+       "--rounds=1", "--max_tree_depth=3", f"--output={output}", "--plot="],
+      cwd=ROOT, env=env, check=True, timeout=600)
+  payload = json.loads(output.read_text())
+  assert payload["settings"]["replicas"] == 2
+  (record,) = payload["records"]
+  assert record["replicas"] == 2
+  assert record["label"] == "pc:xla on 2 replicas"
+  median = record["median"]
+  for field in ("sampling_s", "min_ess_bulk", "leapfrogs_per_draw",
+                "step_size"):
+    assert median[field] > 0, field
+
+
+@pytest.mark.slow   # a fresh interpreter imports TensorFlow
+def test_replicas_flag_refuses_tfp_and_uneven_chains():
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+  refused = subprocess.run(
+      [sys.executable, "-m", "benchmarks.ess", "--replicas=2",
+       "--systems=tfp,pc:xla", "--chains=4", "--output=", "--plot="],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert refused.returncode != 0
+  assert "leave 'tfp' out of --systems" in refused.stderr
+  uneven = subprocess.run(
+      [sys.executable, "-m", "benchmarks.ess", "--replicas=2",
+       "--systems=pc:xla", "--chains=3", "--output=", "--plot="],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert uneven.returncode != 0
+  assert "cannot be split evenly over --replicas=2" in uneven.stderr
+
+
 def test_every_model_has_a_finite_target_and_ground_truth():
   for name in ("eight_schools", "correlated_gaussian"):
     model = ess_models.make_model(name)

@@ -468,7 +468,7 @@ def test_demo_passes_flags_through(tmp_path):
   output = str(tmp_path / "demo.json")
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   result = subprocess.run(
-      [sys.executable, "-m", "benchmarks.demo", "--systems=limit",
+      [sys.executable, "-m", "benchmarks.demo", "--noess", "--systems=limit",
        "--batch_sizes=2", "--num_results=2", "--num_dims=3", "--num_data=20",
        "--progress=false", "--output=" + output, "--plot="],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
@@ -658,10 +658,14 @@ def test_results_record_the_machine_before_creating_their_file(
 def test_demo_prints_no_tensorflow_warnings(tmp_path):
   """`make demo`'s output is the benchmark's own: no TensorFlow start-up or
   logging lines, no peers' warnings (TFP's complex128 cast in its ESS
-  estimator, deprecations) and no progress bars when not on a terminal."""
+  estimator, deprecations) and no progress bars when not on a terminal.
+  It leads with the ESS/s part (here a tiny run of our kernel only)."""
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  ess_output = str(tmp_path / "ess.json")
   result = subprocess.run(
       [sys.executable, "-m", "benchmarks.demo",
+       "--ess_args=--quick --systems=pc:xla --output=" + ess_output
+       + " --plot=",
        "--systems=pc:xla", "--batch_sizes=2",
        "--num_trajectories_per_step=1", "--num_results=2", "--num_burnin=1",
        "--rounds=1", "--num_dims=3", "--num_data=20",
@@ -670,6 +674,10 @@ def test_demo_prints_no_tensorflow_warnings(tmp_path):
       check=False)
   assert result.returncode == 0, result.stdout + result.stderr
   assert "demo finished" in result.stdout
+  assert (result.stdout.index("Part 1: effective samples per second")
+          < result.stdout.index("Part 2: gradients per second"))
+  with open(ess_output) as f:
+    assert [r["system"] for r in json.load(f)["records"]] == ["pc:xla"]
   output = result.stdout + result.stderr
   for noise in ("WARNING", "casting", "deprecat", "oneDNN", "cuda",
                 "Ignoring Assert", "it/s", "step/s"):

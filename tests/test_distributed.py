@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 import nuts
 from nuts import replicas
@@ -64,9 +65,9 @@ def _assert_same_chains(sharded, unsharded):
                              rtol=1e-12)
 
 
-def _mirrored(devices):
+def _mirrored(devices, backend="pc:graph"):
   run = _start({"mode": "mirrored", "devices": [devices],
-                "backend": "pc:graph"})
+                "backend": backend})
   out = _result(run, timeout=900)[str(devices)]
   _assert_same_chains(out["sharded"], out["unsharded"])
   # Every replica adapted the one step size of all chains.
@@ -83,14 +84,22 @@ def test_mirrored_four_cpus_equals_unsharded():
   _mirrored(4)
 
 
-def _workers(done_dir, die_at_step=None, timeout_seconds=600):
+@pytest.mark.nightly
+def test_mirrored_two_cpus_pc_xla_equals_unsharded():
+  # The XLA-compiled step, traced once and shared by the replicas (each
+  # passes its own first chain's index), inside strategy.run's graph.
+  _mirrored(2, backend="pc:xla")
+
+
+def _workers(done_dir, die_at_step=None, timeout_seconds=600,
+             windowed=False):
   # A collective's timeout counts from when one worker reaches it: on a
   # loaded machine a peer may trace its step a minute or more later.
   ports = _free_ports(2)
   return [_start({"mode": "worker", "ports": ports, "index": i,
                   "backend": "pc:graph", "timeout_seconds": timeout_seconds,
                   "done_dir": str(done_dir),
-                  "die_at_step": die_at_step,
+                  "die_at_step": die_at_step, "windowed": windowed,
                   "reference": i == 0 and die_at_step is None})
           for i in range(2)]
 
@@ -144,6 +153,59 @@ def test_data_sharded_target_is_refused_as_tfp_nuts_fails():
   assert out["error"] == "CollectiveError", out
   assert "experimental_chain_axis_names" in out["message"]
   assert "merge_call" in out["tfp_error"], out
+
+
+def _windowed_mirrored(backend, **settings):
+  out = _result(_start(dict(mode="windowed_mirrored", devices=2,
+                            backend=backend, **settings)), timeout=900)
+  sharded, unsharded = out["sharded"], out["unsharded"]
+  # The same draws, step sizes and metric (its variances summed over the
+  # chains in another order: a float64 tolerance).
+  for key in ("mu", "sigma", "step_size", "target_log_prob"):
+    np.testing.assert_allclose(sharded[key], unsharded[key], rtol=1e-9,
+                               atol=1e-12, err_msg=key)
+  for part, ref in zip(sharded["variance_scaling"],
+                       unsharded["variance_scaling"]):
+    np.testing.assert_allclose(part, ref, rtol=1e-9)
+  # The metric window did adapt the metric (it is not the initial ones).
+  assert not np.allclose(sharded["variance_scaling"][0], 1.)
+  return out
+
+
+@pytest.mark.slow
+def test_windowed_adaptive_nuts_mirrored_two_cpus_equals_unsharded():
+  # 20 warm-up steps: a fast window, a metric window, Stan's step-size
+  # heuristic for the new metric and a last fast window, then 2 draws;
+  # 2 chains on each of 2 replicas against the same 4 chains in one batch.
+  out = _windowed_mirrored("pc:graph", num_adaptation_steps=20, n_draws=2)
+  errors = out["errors"]
+  assert "strategy.scope()" in errors["no_strategy"]
+  assert "split evenly over 2 replicas" in errors["uneven"]
+  assert "not inside strategy.run" in errors["in_run"]
+
+
+@pytest.mark.nightly
+def test_windowed_adaptive_nuts_mirrored_pc_xla_equals_unsharded():
+  # The default backend: its compiled step shared by the replicas.
+  _windowed_mirrored("pc:xla", num_adaptation_steps=20, n_draws=2)
+
+
+@pytest.mark.nightly
+def test_windowed_adaptive_nuts_two_workers_equals_unsharded(tmp_path):
+  # Each worker holds one replica of 2 chains; the states and traces are
+  # gathered across the processes, so each worker returns all 4 chains.
+  workers = _workers(tmp_path, windowed=True)
+  try:
+    outs = [_result(w, timeout=1500) for w in workers]
+  finally:
+    for p in workers:
+      if p.poll() is None:
+        p.kill()
+  unsharded = outs[0]["unsharded"]
+  for out in outs:
+    for key in ("mu", "sigma", "step_size", "target_log_prob"):
+      np.testing.assert_allclose(out["sharded"][key], unsharded[key],
+                                 rtol=1e-9, atol=1e-12, err_msg=key)
 
 
 # -- the kernel's arguments, in this process ----------------------------------
@@ -211,3 +273,26 @@ def test_sample_chain_names_the_step_a_peer_was_lost_at():
                      "take part.*Connection reset by peer"):
     replicas.sample_chain(_PeerGone(), 3, lambda context: None, kernel,
                           seed=(1, 2))
+
+
+def _windowed_model():
+  tfd = tfp.distributions
+  return tfd.JointDistributionNamed(dict(
+      x=tfd.Normal(0., 1.), y=lambda x: tfd.Normal(x, 1.)))
+
+
+def test_windowed_chain_axis_names_needs_a_strategy_in_scope():
+  with pytest.raises(ValueError, match="strategy.scope()"):
+    nuts.windowed_adaptive_nuts(2, _windowed_model(), n_chains=2,
+                                num_adaptation_steps=0,
+                                chain_axis_names="chains", y=1.)
+
+
+def test_windowed_chain_axis_names_is_called_eagerly():
+  @tf.function(autograph=False)
+  def run():
+    return nuts.windowed_adaptive_nuts(2, _windowed_model(), n_chains=2,
+                                       num_adaptation_steps=0,
+                                       chain_axis_names="chains", y=1.)
+  with pytest.raises(ValueError, match="call it eagerly"):
+    run()
