@@ -153,6 +153,16 @@ def test_model_pinned_already_needs_no_pins():
   assert unconstrained.UnconstrainedModel(pinned).sizes == [1]
 
 
+def test_a_model_with_nothing_observed_needs_no_pins():
+  # TFP's step-size tests sample such a model with no pins at all.
+  model = tfd.JointDistributionNamed({
+      "a": tfd.Normal(0., 1.),
+      "b": tfd.MultivariateNormalDiag(loc=tf.zeros(3),
+                                      scale_diag=[1., 2., 3.])})
+  assert unconstrained.pin(model, {}) is model
+  assert unconstrained.UnconstrainedModel(model).sizes == [1, 3]
+
+
 # -- errors, before any sampling --------------------------------------------------
 
 def test_errors_speak_the_users_language():
@@ -236,6 +246,17 @@ def test_returns_tfps_named_tuples():
       trace_fn=lambda *args: (), seed=(1, 1), y=1.)
   assert isinstance(out, tfp.mcmc.StatesAndTrace)
   assert out.all_states[0].shape == [3, 2]
+  # A model with nothing observed, no pins: TFP's step-size test with a
+  # step size per free variable (a dict like the model's).
+  model = tfd.JointDistributionNamed({
+      "a": tfd.Normal(0., 1.),
+      "b": tfd.MultivariateNormalDiag(loc=tf.zeros(3),
+                                      scale_diag=[1., 2., 3.])})
+  _, step_size = nuts.windowed_adaptive_nuts(
+      1, model, n_chains=3, num_adaptation_steps=3, max_tree_depth=2,
+      init_step_size={"a": 1., "b": 2.}, discard_tuning=False,
+      trace_fn=lambda *args: _innermost(args[-1]).step_size, seed=(2, 2))
+  np.testing.assert_allclose([float(s[0]) for s in step_size], [1., 2.])
 
 
 @pytest.mark.slow
