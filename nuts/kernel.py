@@ -606,7 +606,10 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       return tf.reshape(x, chain_shape)
 
     out_q, out_grad = out.q, out.grad
-    trajectory_q = out.trajectory_q   # [chains, k, d]
+    # [chains, k, d]; in a v1 graph its static shape can come out without
+    # the trajectory dimension, which the dense metric's slicing needs.
+    trajectory_q = tf.reshape(out.trajectory_q,
+                              [num_chains, self.num_trajectories_per_step, -1])
     if metric is not momentum.DIAGONAL:
       dim = sum(sizes)
       out_q = tf.linalg.matvec(lower, out_q[:, :dim])

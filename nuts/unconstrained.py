@@ -19,13 +19,15 @@ __all__ = ["UnconstrainedModel", "pin"]
 
 
 def pin(joint_dist, pins):
-  """`joint_dist` conditioned on `pins`; a model pinned already is kept."""
+  """`joint_dist` conditioned on `pins`; without pins the model itself
+  (pinned already, or with no observed variables), as TFP's sampler takes
+  it."""
   if not isinstance(joint_dist, tfd.JointDistribution) and not hasattr(
       joint_dist, "experimental_default_event_space_bijector"):
     raise TypeError(
         "windowed_adaptive_nuts needs a tfd.JointDistribution (or one "
         f"pinned with experimental_pin), got {type(joint_dist).__name__}")
-  if pins or not hasattr(joint_dist, "pins"):
+  if pins:
     return joint_dist.experimental_pin(**pins)
   return joint_dist
 

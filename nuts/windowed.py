@@ -19,6 +19,9 @@ and Ctrl-C returns the draws so far (`nuts/progress.py`); inside a
 `tf.function` the same chunks are traced one after another, so both modes
 give the same draws for the same seed.
 """
+import warnings
+
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
@@ -103,7 +106,8 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
       the state's that broadcasts with it. By default a dimension-based
       guess refined by Stan's doubling heuristic.
     dual_averaging_kwargs: keywords for
-      `tfp.mcmc.DualAveragingStepSizeAdaptation`; by default a
+      `tfp.mcmc.DualAveragingStepSizeAdaptation` (a `num_adaptation_steps`
+      in them is ignored with a warning, as TFP does); by default a
       `target_accept_prob` of 0.85 and acceptance averaged over chains by
       a harmonic mean (a chain that is stuck shrinks the step size).
     max_tree_depth, max_energy_diff, unrolled_leapfrog_steps,
@@ -133,9 +137,12 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
       `joint_dist.experimental_pin(**pins)`.
 
   Returns:
-    The draws (in the model's structure, each `[draws, chains..., ...]`);
-    with a `trace_fn`, `(draws, trace)`; with
-    `return_final_kernel_results`, the final kernel results after those.
+    As TFP's: the draws (in the model's structure, each
+    `[draws, chains..., ...]`) when `trace_fn` is None; with a `trace_fn`,
+    a `tfp.mcmc.StatesAndTrace` (`all_states`, `trace`); with
+    `return_final_kernel_results`, a `tfp.mcmc.CheckpointableStatesAndTrace`
+    (`all_states`, `trace` (`()` without a `trace_fn`),
+    `final_kernel_results`). Both unpack as tuples.
     Eagerly, a Ctrl-C returns the draws made so far with a
     `nuts.SamplingInterrupted` warning.
   """
@@ -148,8 +155,8 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
     raise ValueError(f"chunk_size must be positive, got {chunk_size!r}")
   model = unconstrained.UnconstrainedModel(
       unconstrained.pin(joint_dist, pins))
-  chain_shape = [int(n_chains)] if isinstance(n_chains, int) else [
-      int(n) for n in n_chains]
+  # An int (a NumPy one too) or a shape, as TFP takes it.
+  chain_shape = [int(n) for n in np.reshape(n_chains, [-1])]
   replica_steps = (None if chain_axis_names is None else
                    windowed_replicas.ReplicaSteps.for_call(chain_axis_names,
                                                            chain_shape))
@@ -183,22 +190,28 @@ def windowed_adaptive_nuts(n_draws, joint_dist, *, n_chains=64,
           num_adaptation_steps), int(n_draws), discard_tuning, run_seed,
       progress.show_progress(progress_bar) and tf.executing_eagerly())
   draws = model.to_constrained(draws)
-  out = (draws,)
-  if trace_fn is not None:
-    out += (trace,)
   if return_final_kernel_results:
-    out += (final_results,)
-  return out[0] if len(out) == 1 else out
+    return tfp.mcmc.CheckpointableStatesAndTrace(
+        all_states=draws, trace=() if trace_fn is None else trace,
+        final_kernel_results=final_results)
+  if trace_fn is None:
+    return draws
+  return tfp.mcmc.StatesAndTrace(all_states=draws, trace=trace)
 
 
 def _dual_averaging(kwargs):
   settings = dict(target_accept_prob=0.85,
                   reduce_fn=tfp.math.reduce_log_harmonic_mean_exp)
   settings.update(kwargs or {})
-  for reserved in ("inner_kernel", "num_adaptation_steps"):
-    if reserved in settings:
-      raise ValueError(f"dual_averaging_kwargs may not set {reserved}: "
-                       "windowed_adaptive_nuts sets it for each window")
+  if "num_adaptation_steps" in settings:
+    # TFP's function warns and goes on with its own count; so do we.
+    warnings.warn("dual_averaging_kwargs['num_adaptation_steps'] is not "
+                  "used: windowed_adaptive_nuts adapts the step size for "
+                  "the num_adaptation_steps argument, window by window")
+    del settings["num_adaptation_steps"]
+  if "inner_kernel" in settings:
+    raise ValueError("dual_averaging_kwargs may not set inner_kernel: "
+                     "windowed_adaptive_nuts adapts its own NUTS kernel")
   return settings
 
 

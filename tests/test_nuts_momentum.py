@@ -137,3 +137,103 @@ def test_diagonal_mass_matrix_adaptation_learns_the_scales():
   assert np.all((ratio > 0.3) & (ratio < 5.)), ratio
   sd = draws.numpy().reshape(-1, 5).std(0) / SCALES
   assert np.all((sd > 0.7) & (sd < 1.3)), sd
+
+
+def _adapting_kernel_in_a_transform(target_log_prob, num_adaptation_steps):
+  """TransformedTransitionKernel(DiagonalMassMatrixAdaptation(
+  DualAveragingStepSizeAdaptation(ours))), all TFP's kernels unchanged:
+  the bijector (exp) maps the unconstrained state the adaptation sees to
+  the positive one the target takes."""
+  kernel = nuts.NoUTurnSampler(target_log_prob, 1e-2, max_tree_depth=8)
+  kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
+      kernel, num_adaptation_steps=num_adaptation_steps)
+  kernel = tfp.experimental.mcmc.DiagonalMassMatrixAdaptation(
+      kernel, initial_running_variance=(
+          tfp.experimental.stats.RunningVariance.from_stats(
+              num_samples=tf.constant(1., tf.float64),
+              mean=tf.zeros(5, tf.float64), variance=tf.ones(5, tf.float64))))
+  return tfp.mcmc.TransformedTransitionKernel(kernel, tfp.bijectors.Exp())
+
+
+def _momentum_variance(results):
+  """The innermost (our kernel's) momentum variance, `[chains, 5]`."""
+  while hasattr(results, "inner_results"):
+    results = results.inner_results
+  return tf.nest.flatten(results.momentum_distribution.variance())[0]
+
+
+@pytest.mark.slow
+def test_mass_matrix_adaptation_inside_a_transformed_kernel():
+  """The target is positive, log-normal with log-scales 1e-2 to 1e2: on
+  the unconstrained (log) scale the kernels see, a Gaussian with those
+  scales. The adapted metric's momentum variance approaches the inverse
+  of the unconstrained variances, and the draws have the right scales."""
+  target = tfd.TransformedDistribution(_scaled_target(), tfp.bijectors.Exp())
+  kernel = _adapting_kernel_in_a_transform(target.log_prob, 150)
+  init = tf.ones([16, 5], tf.float64)   # the unconstrained origin
+
+  @tf.function(autograph=False)
+  def run():
+    return tfp.mcmc.sample_chain(
+        100, init, kernel=kernel, num_burnin_steps=200, seed=[6, 1],
+        trace_fn=lambda _, r: _momentum_variance(r))
+
+  draws, momentum_variance = run()
+  ratio = 1. / (momentum_variance.numpy()[-1].mean(0) * SCALES ** 2)
+  assert np.all((ratio > 0.3) & (ratio < 5.)), ratio
+  sd = np.log(draws.numpy()).reshape(-1, 5).std(0) / SCALES
+  assert np.all((sd > 0.7) & (sd < 1.3)), sd
+
+
+def test_mass_matrix_updates_do_not_retrace_the_step():
+  """Eagerly, each step of the adaptation stack gives our kernel a new
+  mass matrix (new values, the same structure): the batched program and
+  its compiled step take it as an input, so the target is traced for the
+  first steps only, never again as the metric changes."""
+  traces = []
+  scaled = tfd.TransformedDistribution(_scaled_target(), tfp.bijectors.Exp())
+
+  def target(x):
+    traces.append(1)
+    return scaled.log_prob(x)
+
+  kernel = _adapting_kernel_in_a_transform(target, 10)
+  state = tf.ones([4, 5], tf.float64)
+  results = kernel.bootstrap_results(state)
+  variances = []
+  for i in range(6):
+    state, results = kernel.one_step(state, results, seed=[7, i])
+    variances.append(_momentum_variance(results).numpy())
+    if i == 1:
+      traced = len(traces)
+  assert len(traces) == traced
+  # The metric did change at every step.
+  assert all(np.any(a != b) for a, b in zip(variances, variances[1:]))
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_a_dense_metric_in_a_v1_graph(graph):
+  """TFP's `PreconditionedNoUTurnSampler` tests run in a `tf.compat.v1`
+  graph: a dense metric steps there as eagerly (the program's trajectory
+  output loses its static rank in such a graph)."""
+  cov = np.array([[1., 0.9, 0.9], [0.9, 1., 0.9], [0.9, 0.9, 1.]])
+
+  def build():
+    target = tfd.MultivariateNormalTriL(
+        loc=[1., 2., 3.], scale_tril=np.linalg.cholesky(cov))
+    metric = tfd.MultivariateNormalTriL(
+        scale_tril=np.linalg.cholesky(np.linalg.inv(cov)))
+    kernel = nuts.NoUTurnSampler(target.log_prob, 0.5, max_tree_depth=3,
+                                 momentum_distribution=metric)
+    return tfp.mcmc.sample_chain(2, tf.zeros([3], tf.float64), kernel=kernel,
+                                 trace_fn=None, seed=[3, 4])
+
+  if not graph:
+    draws = build().numpy()
+  else:
+    with tf.Graph().as_default():
+      out = build()
+      with tf.compat.v1.Session() as session:
+        draws = session.run(out)
+  assert draws.shape == (2, 3)
+  assert np.all(np.isfinite(draws))

@@ -153,6 +153,16 @@ def test_model_pinned_already_needs_no_pins():
   assert unconstrained.UnconstrainedModel(pinned).sizes == [1]
 
 
+def test_a_model_with_nothing_observed_needs_no_pins():
+  # TFP's step-size tests sample such a model with no pins at all.
+  model = tfd.JointDistributionNamed({
+      "a": tfd.Normal(0., 1.),
+      "b": tfd.MultivariateNormalDiag(loc=tf.zeros(3),
+                                      scale_diag=[1., 2., 3.])})
+  assert unconstrained.pin(model, {}) is model
+  assert unconstrained.UnconstrainedModel(model).sizes == [1, 3]
+
+
 # -- errors, before any sampling --------------------------------------------------
 
 def test_errors_speak_the_users_language():
@@ -167,10 +177,10 @@ def test_errors_speak_the_users_language():
     nuts.windowed_adaptive_nuts(5, eight_schools_named(),
                                 init_step_size=[1., 2.], n_chains=2,
                                 num_adaptation_steps=0, **PINS)
-  with pytest.raises(ValueError, match="num_adaptation_steps"):
+  with pytest.raises(ValueError, match="inner_kernel"):
     nuts.windowed_adaptive_nuts(
         5, eight_schools_named(), n_chains=2,
-        dual_averaging_kwargs={"num_adaptation_steps": 3}, **PINS)
+        dual_averaging_kwargs={"inner_kernel": None}, **PINS)
 
 
 # -- runs ---------------------------------------------------------------------------
@@ -209,6 +219,44 @@ def test_tfp_call_with_every_return_value():
       3, eight_schools_named(), n_chains=2, num_adaptation_steps=20,
       max_tree_depth=3, trace_fn=None, seed=(3, 4), **PINS)
   assert only_draws["school_effects_std"].shape == [3, 2, 8]
+
+
+@pytest.mark.slow
+def test_returns_tfps_named_tuples():
+  # TFP returns StatesAndTrace, and CheckpointableStatesAndTrace (with
+  # `trace=()` when there is no trace_fn) for the final kernel results;
+  # code reads `.all_states` and `.final_kernel_results`. A
+  # `num_adaptation_steps` in dual_averaging_kwargs is ignored with a
+  # warning, as TFP does.
+  model = tfd.JointDistributionSequential([
+      tfd.Normal(0., 1., name="x"), lambda x: tfd.Normal(x, 1., name="y")])
+  with pytest.warns(UserWarning, match="num_adaptation_steps"):
+    out = nuts.windowed_adaptive_nuts(   # a NumPy int as n_chains too
+        3, model, n_chains=np.int64(2), num_adaptation_steps=2,
+        max_tree_depth=2,
+        trace_fn=None, return_final_kernel_results=True,
+        dual_averaging_kwargs={"num_adaptation_steps": 100}, seed=(1, 1),
+        y=1.)
+  assert isinstance(out, tfp.mcmc.CheckpointableStatesAndTrace)
+  assert out.trace == ()
+  assert out.all_states[0].shape == [3, 2]
+  assert _innermost(out.final_kernel_results).step_size is not None
+  out = nuts.windowed_adaptive_nuts(
+      3, model, n_chains=2, num_adaptation_steps=2, max_tree_depth=2,
+      trace_fn=lambda *args: (), seed=(1, 1), y=1.)
+  assert isinstance(out, tfp.mcmc.StatesAndTrace)
+  assert out.all_states[0].shape == [3, 2]
+  # A model with nothing observed, no pins: TFP's step-size test with a
+  # step size per free variable (a dict like the model's).
+  model = tfd.JointDistributionNamed({
+      "a": tfd.Normal(0., 1.),
+      "b": tfd.MultivariateNormalDiag(loc=tf.zeros(3),
+                                      scale_diag=[1., 2., 3.])})
+  _, step_size = nuts.windowed_adaptive_nuts(
+      1, model, n_chains=3, num_adaptation_steps=3, max_tree_depth=2,
+      init_step_size={"a": 1., "b": 2.}, discard_tuning=False,
+      trace_fn=lambda *args: _innermost(args[-1]).step_size, seed=(2, 2))
+  np.testing.assert_allclose([float(s[0]) for s in step_size], [1., 2.])
 
 
 @pytest.mark.slow
