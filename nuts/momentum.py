@@ -100,15 +100,42 @@ def as_carried(distribution, chain_shape):
   return distribution
 
 
+def _joint_model(dist, subclasses=False):
+  """The parts of a `JointDistributionSequential`/`Named` whose model is a
+  list or dict of distributions (a list or dict), else None: the one
+  joint form every reader of the metric below looks into. Subclasses
+  (the auto-batched joint distributions) count only with `subclasses`:
+  their `dtype` and `log_prob` are their own."""
+  joint_types = (tfd.JointDistributionSequential, tfd.JointDistributionNamed)
+  if not (isinstance(dist, joint_types) if subclasses
+          else type(dist) in joint_types):
+    return None
+  model = dist.model
+  values = model.values() if isinstance(model, dict) else model
+  if not all(isinstance(d, tfd.Distribution) for d in values):
+    return None
+  return model
+
+
+def _unwrap_part(dist):
+  """A part of the metric's usual form taken apart: the distribution
+  under its `BatchBroadcast`, and the `Reshape` bijector it is seen
+  through (None without one)."""
+  if isinstance(dist, tfd.BatchBroadcast):
+    dist = dist.distribution
+  if (isinstance(dist, tfd.TransformedDistribution)
+      and isinstance(dist.bijector, tfb.Reshape)):
+    return dist.distribution, dist.bijector
+  return dist, None
+
+
 def _is_diagonal(dist):
   """Whether the classes of `dist` make its precision diagonal (False
   where they do not tell: such a distribution is taken as dense)."""
-  if isinstance(dist, (tfd.JointDistributionSequential,
-                       tfd.JointDistributionNamed)):
-    model = dist.model
-    model = list(model.values()) if isinstance(model, dict) else list(model)
-    return all(isinstance(d, tfd.Distribution) and _is_diagonal(d)
-               for d in model)
+  model = _joint_model(dist, subclasses=True)
+  if model is not None:
+    values = model.values() if isinstance(model, dict) else model
+    return all(_is_diagonal(d) for d in values)
   if isinstance(dist, tfd.MultivariateNormalLinearOperator):
     return isinstance(dist.scale, _DIAGONAL_OPERATORS)
   if isinstance(dist, tfp.experimental.distributions
@@ -133,14 +160,11 @@ def structure_dtype(distribution):
   own `dtype` traces a sample in a scratch graph, which TFP's bijector cache
   then keeps alive with every tensor of the step's graph it captured (the
   target's data among them)."""
-  if type(distribution) in (tfd.JointDistributionSequential,   # pylint: disable=unidiomatic-typecheck
-                            tfd.JointDistributionNamed):
-    model = distribution.model
-    if isinstance(model, dict):
-      if all(isinstance(d, tfd.Distribution) for d in model.values()):
-        return {k: structure_dtype(d) for k, d in model.items()}
-    elif all(isinstance(d, tfd.Distribution) for d in model):
-      return [structure_dtype(d) for d in model]
+  model = _joint_model(distribution)
+  if isinstance(model, dict):
+    return {k: structure_dtype(d) for k, d in model.items()}
+  if model is not None:
+    return [structure_dtype(d) for d in model]
   return distribution.dtype
 
 
@@ -160,28 +184,22 @@ def _log_prob_uncached(dist, value):
   its output lives; a reshape's output is a tensor of the step's graph, so
   the cache would keep the graph, and the target data it captures, alive
   after the kernel and the target are dropped."""
-  if type(dist) in (tfd.JointDistributionSequential,   # pylint: disable=unidiomatic-typecheck
-                    tfd.JointDistributionNamed):
-    model = dist.model
-    if isinstance(model, dict):
-      if all(isinstance(d, tfd.Distribution) for d in model.values()):
-        return tf.add_n([_log_prob_uncached(model[k], value[k])
-                         for k in model])
-    elif all(isinstance(d, tfd.Distribution) for d in model):
-      return tf.add_n([_log_prob_uncached(d, v)
-                       for d, v in zip(model, value)])
-  if isinstance(dist, tfd.BatchBroadcast):
-    return _log_prob_uncached(dist.distribution, value)
-  if (isinstance(dist, tfd.TransformedDistribution)
-      and isinstance(dist.bijector, tfb.Reshape)):
-    bijector = dist.bijector
-    out_rank = tf.size(bijector.parameters["event_shape_out"])
-    batch_shape = tf.shape(value)[:tf.rank(value) - out_rank]
-    flat = tf.reshape(value, tf.concat(
-        [batch_shape, tf.cast(bijector.parameters["event_shape_in"], tf.int32)], 0))
-    # A reshape's log-determinant is zero.
-    return _log_prob_uncached(dist.distribution, flat)
-  return dist.log_prob(value)
+  model = _joint_model(dist)
+  if model is not None:
+    keys = model if isinstance(model, dict) else range(len(model))
+    return tf.add_n([_log_prob_uncached(model[k], value[k]) for k in keys])
+  inner, reshape = _unwrap_part(dist)
+  if reshape is None:
+    if inner is not dist:   # a bare BatchBroadcast
+      return _log_prob_uncached(inner, value)
+    return dist.log_prob(value)
+  out_rank = tf.size(reshape.parameters["event_shape_out"])
+  batch_shape = tf.shape(value)[:tf.rank(value) - out_rank]
+  flat = tf.reshape(value, tf.concat(
+      [batch_shape, tf.cast(reshape.parameters["event_shape_in"], tf.int32)],
+      0))
+  # A reshape's log-determinant is zero.
+  return _log_prob_uncached(inner, flat)
 
 
 def _check_structure(distribution, parts):
@@ -202,23 +220,19 @@ def _read_diagonal_precision(distribution, parts):
   compile when a caller's tape records the step."""
   if type(distribution) is not tfd.JointDistributionSequential:   # pylint: disable=unidiomatic-typecheck
     return None
-  model = list(distribution.model)
-  if len(model) != len(parts):
+  model = _joint_model(distribution)
+  if model is None or len(model) != len(parts):
     return None
   precisions = []
   for dist, part in zip(model, parts):
-    if isinstance(dist, tfd.BatchBroadcast):
-      dist = dist.distribution
-    if not (isinstance(dist, tfd.TransformedDistribution)
-            and isinstance(dist.bijector, tfb.Reshape)):
-      return None
-    event_rank = tf.size(dist.bijector.parameters["event_shape_out"])
-    normal = dist.distribution
-    if not (isinstance(normal, tfp.experimental.distributions
-                       .MultivariateNormalPrecisionFactorLinearOperator)
+    normal, reshape = _unwrap_part(dist)
+    if not (reshape is not None
+            and isinstance(normal, tfp.experimental.distributions
+                           .MultivariateNormalPrecisionFactorLinearOperator)
             and isinstance(normal.precision_factor,
                            tf.linalg.LinearOperatorDiag)):
       return None
+    event_rank = tf.size(reshape.parameters["event_shape_out"])
     factor = normal.precision_factor.diag_part()
     shape = tf.shape(part)
     flat_shape = tf.concat([shape[:tf.rank(part) - event_rank],
