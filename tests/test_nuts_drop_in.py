@@ -25,7 +25,7 @@ def _in_mode(mode, build):
       return session.run(out)
 
 
-@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("mode", ["eager", "graph", "graph function"])
 def test_a_target_that_squeezes_its_result(mode):
   """`tf.squeeze(dist.log_prob(x))`, as TFP's examples write targets:
   shape [] on one chain, which is still one value per chain."""
