@@ -2,6 +2,8 @@
 eager mode and in a `tf.compat.v1` graph run by a Session: the same draws
 as eagerly, targets that squeeze their result, states of unknown static
 shape."""
+import subprocess
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -116,3 +118,44 @@ def test_sample_chain_in_a_v1_graph_function_has_the_target_scales():
   draws = _in_mode("graph function", build).reshape(-1, 2)
   np.testing.assert_allclose(draws.std(0), [1., 2.], rtol=0.05)
   np.testing.assert_allclose(np.corrcoef(draws.T)[0, 1], 0.9, atol=0.03)
+
+
+_V1_CONTROL_FLOW_SCRIPT = """
+import json
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+import nuts
+tfd = tfp.distributions
+tf.compat.v1.disable_control_flow_v2()
+with tf.Graph().as_default():
+  data = tf.compat.v1.placeholder_with_default(
+      np.arange(5.).astype(np.float32), shape=[5])
+  def target(mu):
+    return (tf.reduce_sum(tfd.Normal(mu[..., None], 1.).log_prob(data), -1)
+            + tfd.Normal(0., 1.).log_prob(mu))
+  kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
+      nuts.NoUTurnSampler(target, 0.3, max_tree_depth=3, backend=%r),
+      num_adaptation_steps=3)
+  draws = tfp.mcmc.sample_chain(4, tf.zeros([8]), kernel=kernel,
+                                num_burnin_steps=3, trace_fn=None,
+                                seed=[1, 2])
+  print(json.dumps(tf.compat.v1.Session().run(draws).shape))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [
+    "pc:graph",
+    pytest.param("pc:xla", marks=pytest.mark.xfail(
+        strict=True, raises=subprocess.CalledProcessError,
+        reason="known bug (issue 44): in TF1 control flow the compiled "
+        "step's StatefulPartitionedCall takes the target's captured graph "
+        "tensor from outside the while frame ('has inputs from different "
+        "frames')")),
+])
+def test_sample_chain_in_v1_control_flow_with_a_target_capturing_data(
+    backend, fresh_python):
+  """`tf.compat.v1.disable_control_flow_v2()` (a fresh process: it is
+  global) and a target that closes over a graph tensor of data."""
+  assert fresh_python(_V1_CONTROL_FLOW_SCRIPT % backend) == [4, 8]
