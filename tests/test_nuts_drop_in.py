@@ -2,8 +2,6 @@
 eager mode and in a `tf.compat.v1` graph run by a Session: the same draws
 as eagerly, targets that squeeze their result, states of unknown static
 shape."""
-import subprocess
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -145,17 +143,12 @@ with tf.Graph().as_default():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", [
-    "pc:graph",
-    pytest.param("pc:xla", marks=pytest.mark.xfail(
-        strict=True, raises=subprocess.CalledProcessError,
-        reason="known bug (issue 44): in TF1 control flow the compiled "
-        "step's StatefulPartitionedCall takes the target's captured graph "
-        "tensor from outside the while frame ('has inputs from different "
-        "frames')")),
-])
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
 def test_sample_chain_in_v1_control_flow_with_a_target_capturing_data(
     backend, fresh_python):
   """`tf.compat.v1.disable_control_flow_v2()` (a fresh process: it is
-  global) and a target that closes over a graph tensor of data."""
+  global) and a target that closes over a graph tensor of data. On pc:xla
+  this failed with "StatefulPartitionedCall has inputs from different
+  frames" (the jit-compiled step's call took the data from outside the
+  while frame)."""
   assert fresh_python(_V1_CONTROL_FLOW_SCRIPT % backend) == [4, 8]
