@@ -453,9 +453,14 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # results around the batched program are then one call, not dozens of
     # eager ops, several times faster for a small model. A recorded call
     # of the XLA-compiled step would fail as TensorFlow built its gradient.
+    # Not in a tf.compat.v1 graph: with TF1 control flow, TensorFlow
+    # calls a jit_compile function inside a while loop with its captured
+    # tensors (the target's data) taken from outside the loop's frame, an
+    # error ("inputs from different frames"); the VM's own call works.
     if self.backend == "pc:xla" and not (
         tf.executing_eagerly()
-        and tab.tape_may_record()):
+        and tab.tape_may_record()) and (
+            tf.compat.v1.executing_eagerly_outside_functions()):
       return self._shared_step(current_state, previous_kernel_results, seed,
                                first_chain)
     return self._one_step(current_state, previous_kernel_results, seed,

@@ -991,3 +991,41 @@ def test_verify_catches_a_broken_program():
 
 def lambda_free_identity(x):
   return x
+
+
+def _in_v1_graph(build, in_function):
+  """`build()`'s tensors from a `tf.compat.v1` graph run by a Session,
+  built in the graph itself or in a `tf.function` traced there (where
+  TensorFlow's `Tensor.__eq__` compares objects, not values)."""
+  with tf.Graph().as_default():
+    out = (tf.function(build, autograph=False)() if in_function
+           else build())
+    with tf.compat.v1.Session() as session:
+      return session.run(out)
+
+
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
+@pytest.mark.parametrize("where", ["eager", "v1 graph", "v1 graph function"])
+def test_equality_compares_values_in_a_v1_graph_too(backend, where):
+  """`n == 0` and `n != 0` are elementwise in every mode: inside a
+  tf.compat.v1 graph TensorFlow's `==` on tensors is object identity
+  (False), which made NUTS build two leaves for every depth-0 subtree."""
+  def steps(n):
+    if n == 0:
+      return n
+    return steps(n - 1) + tf.where(n % 3 != 0, 1, 10)
+  steps = tab.batch(steps)
+  build = lambda: steps(tf.constant([0, 1, 4, 6]), backend=backend)  # pylint: disable=unnecessary-lambda-assignment
+  if where == "eager":
+    got = build().numpy()
+  else:
+    got = _in_v1_graph(build, in_function=where == "v1 graph function")
+  np.testing.assert_array_equal(got, [0, 1, 13, 24])
+
+
+def test_equality_keeps_python_semantics_for_python_values():
+  assert pyops.equal(2, 2) is True and pyops.not_equal("a", "a") is False
+  assert pyops.equal(tf.constant(1.), None) is False
+  assert pyops.equal(1, tf.constant([1., 2.])).dtype == tf.bool
+  # Shapes that do not broadcast: False, as TensorFlow's `==` eagerly.
+  assert not pyops.equal(tf.constant([1, 2]), tf.constant([1, 2, 3]))

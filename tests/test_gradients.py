@@ -253,9 +253,13 @@ def test_nuts_on_pc_graph_in_jit_compile_samples_under_tapes(tapes, request):
     request.applymarker(pytest.mark.xfail(
         strict=True, raises=tf.errors.InvalidArgumentError,
         reason="known regression since the kernel carries a "
-        "momentum_distribution: under a persistent or nested tape XLA "
-        "cannot compile the step's gradient loop ('fixed tensor list "
-        "size'); one tape, pc:xla and untaped runs work"))
+        "momentum_distribution: one_step multiplies the step size by the "
+        "metric's sqrt(precision) before the VM; a persistent or nested "
+        "tape builds that Mul's gradient when the step runs, which needs "
+        "its operands accumulated in sample_chain's inner smart_for_loop, "
+        "a while loop with no maximum_iterations, and XLA cannot size "
+        "that accumulator ('fixed tensor list size'; pc:xla inside "
+        "jit_compile fails alike). One tape and untaped runs work"))
   # The NUTS kernel's step, compiled by the user's XLA on pc:graph under
   # a persistent tape, gave no result after minutes, at over 10 GB of
   # memory (the tape had TensorFlow wrap the VM's loop for higher-order

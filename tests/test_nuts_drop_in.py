@@ -1,6 +1,7 @@
 """TFP's documented usage patterns that must work with our kernel, in
-eager mode and in a `tf.compat.v1` graph run by a Session: targets that
-squeeze their result, states of unknown static shape."""
+eager mode and in a `tf.compat.v1` graph run by a Session: the same draws
+as eagerly, targets that squeeze their result, states of unknown static
+shape."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,16 +13,19 @@ tfd = tfp.distributions
 
 
 def _in_mode(mode, build):
-  """`build()`'s tensors, evaluated eagerly or in a v1 graph's Session."""
+  """`build()`'s tensors, evaluated eagerly or in a v1 graph's Session
+  ("graph"; "graph function": built in a `tf.function` traced in the v1
+  graph, as `sample_chain` is usually run there)."""
   if mode == "eager":
     return tf.nest.map_structure(np.asarray, build())
   with tf.Graph().as_default():
-    out = build()
+    out = (tf.function(build, autograph=False)() if mode == "graph function"
+           else build())
     with tf.compat.v1.Session() as session:
       return session.run(out)
 
 
-@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("mode", ["eager", "graph", "graph function"])
 def test_a_target_that_squeezes_its_result(mode):
   """`tf.squeeze(dist.log_prob(x))`, as TFP's examples write targets:
   shape [] on one chain, which is still one value per chain."""
@@ -65,3 +69,86 @@ def test_a_state_of_unknown_shape(mode):
   if mode == "graph":
     with pytest.raises(ValueError, match="placeholder_with_default"):
       _in_mode(mode, lambda: build(None))
+
+
+_COVARIANCE = np.array([[1., 1.8], [1.8, 4.]], np.float32)
+
+
+def _correlated_gaussian():
+  return tfd.MultivariateNormalTriL(
+      np.zeros(2, np.float32), np.linalg.cholesky(_COVARIANCE))
+
+
+@pytest.mark.parametrize("mode", ["graph", "graph function"])
+def test_a_step_in_a_v1_graph_draws_what_it_draws_eagerly(mode):
+  """The same seed and start give the same trajectories in a v1 graph as
+  eagerly. (Inside a v1 graph TensorFlow's `==` on tensors compared them
+  as objects, so every depth-0 subtree took two leapfrogs: trajectories
+  of 2, 4, 8, 12 steps instead of 1, 3, 7, 11, and draws 10% too wide.)"""
+  start = np.random.RandomState(0).randn(8, 2).astype(np.float32)
+  def build():
+    kernel = nuts.NoUTurnSampler(_correlated_gaussian().log_prob, 0.5,
+                                 backend="pc:graph")
+    state = tf.constant(start)
+    state, results = kernel.one_step(
+        state, kernel.bootstrap_results(state), seed=[3, 4])
+    return state, results.leapfrogs_taken, results.log_accept_ratio
+  eager = _in_mode("eager", build)
+  graph = _in_mode(mode, build)
+  np.testing.assert_array_equal(graph[1], eager[1])
+  np.testing.assert_allclose(graph[0], eager[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(graph[2], eager[2], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.nightly
+def test_sample_chain_in_a_v1_graph_function_has_the_target_scales():
+  """Issue 44's report as a user runs it: `sample_chain` with step-size
+  adaptation in a tf.function run by a v1 Session. 64 chains x 150 draws
+  (nearly independent on this target): a standard deviation's relative
+  error is about 1%, so 5% is a 5-sigma bound; the bug gave 10% too wide."""
+  def build():
+    kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
+        nuts.NoUTurnSampler(_correlated_gaussian().log_prob, 0.5,
+                            backend="pc:graph"), num_adaptation_steps=20)
+    return tfp.mcmc.sample_chain(150, tf.zeros([64, 2]), kernel=kernel,
+                                 num_burnin_steps=20, trace_fn=None,
+                                 seed=[1, 2])
+  draws = _in_mode("graph function", build).reshape(-1, 2)
+  np.testing.assert_allclose(draws.std(0), [1., 2.], rtol=0.05)
+  np.testing.assert_allclose(np.corrcoef(draws.T)[0, 1], 0.9, atol=0.03)
+
+
+_V1_CONTROL_FLOW_SCRIPT = """
+import json
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+import nuts
+tfd = tfp.distributions
+tf.compat.v1.disable_control_flow_v2()
+with tf.Graph().as_default():
+  data = tf.compat.v1.placeholder_with_default(
+      np.arange(5.).astype(np.float32), shape=[5])
+  def target(mu):
+    return (tf.reduce_sum(tfd.Normal(mu[..., None], 1.).log_prob(data), -1)
+            + tfd.Normal(0., 1.).log_prob(mu))
+  kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
+      nuts.NoUTurnSampler(target, 0.3, max_tree_depth=3, backend=%r),
+      num_adaptation_steps=3)
+  draws = tfp.mcmc.sample_chain(4, tf.zeros([8]), kernel=kernel,
+                                num_burnin_steps=3, trace_fn=None,
+                                seed=[1, 2])
+  print(json.dumps(tf.compat.v1.Session().run(draws).shape))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
+def test_sample_chain_in_v1_control_flow_with_a_target_capturing_data(
+    backend, fresh_python):
+  """`tf.compat.v1.disable_control_flow_v2()` (a fresh process: it is
+  global) and a target that closes over a graph tensor of data. On pc:xla
+  this failed with "StatefulPartitionedCall has inputs from different
+  frames" (the jit-compiled step's call took the data from outside the
+  while frame)."""
+  assert fresh_python(_V1_CONTROL_FLOW_SCRIPT % backend) == [4, 8]

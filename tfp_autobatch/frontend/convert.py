@@ -177,12 +177,15 @@ class FunctionConverter:
     the code (`b = 1.0 / 3.0` then `c = b` for a float64 `b`: `c` reads a
     float64 tensor, not the Python float that would type it float32). The
     code's `source`, which the IR prints, is the user's statements alone;
-    the code it runs numbers its subscripts (`number_subscripts`)."""
+    the code it runs numbers its subscripts (`number_subscripts`) and
+    compares with `==` and `!=` elementwise in every mode
+    (`expression_lowering.elementwise_equality`)."""
     name = f"{self.py_fn.__name__}_L{stmts[0].lineno}"
     ret = ast.Return(ast.Tuple([ast.Name(o, ast.Load()) for o in outs],
                                ast.Load()))
     source = "; ".join(ast.unparse(s) for s in stmts)
     stmts, sites = self.number_subscripts(stmts)
+    stmts = [expression_lowering.elementwise_equality(s) for s in stmts]
     body = []
     for stmt in stmts:
       body.append(stmt)

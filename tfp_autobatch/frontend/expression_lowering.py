@@ -84,6 +84,31 @@ def subscript_as_written(node):
   return ast.unparse(_AsWritten().visit(copy.deepcopy(node)))
 
 
+class _ElementwiseEquality(ast.NodeTransformer):
+  _CALLS = {ast.Eq: "equal", ast.NotEq: "not_equal"}
+
+  def visit_Compare(self, node):
+    node = self.generic_visit(node)
+    if not any(type(op) in self._CALLS for op in node.ops):
+      return node
+    operands = [node.left] + node.comparators
+    pairs = [ast.copy_location(
+        pyops.call(self._CALLS[type(op)], [a, b]) if type(op) in self._CALLS
+        else ast.Compare(a, [op], [b]), node)
+             for a, op, b in zip(operands, node.ops, operands[1:])]
+    if len(pairs) == 1:
+      return pairs[0]
+    return ast.copy_location(pyops.call("all_of", pairs), node)
+
+
+def elementwise_equality(stmt):
+  """`stmt` (a copy, changed in place) with `a == b` and `a != b` as
+  `pyops.equal(a, b)` and `pyops.not_equal(a, b)`: the code a primitive
+  runs, which must compare tensors elementwise in a `tf.compat.v1` graph
+  too (see `pyops.equal`). The IR prints the comparison as written."""
+  return _ElementwiseEquality().visit(stmt)
+
+
 class ExpressionLowering(ast.NodeTransformer):
   """Rewrites one expression, emitting ops and blocks into the converter."""
 

@@ -78,6 +78,47 @@ def logical_not(x):
   return tf.equal(truthy(x), False)
 
 
+def equal(a, b):
+  """Python's `a == b`, elementwise where either side is a tensor.
+
+  TensorFlow's own `Tensor.__eq__` compares elementwise only while
+  executing eagerly outside functions: in a function traced inside a
+  `tf.compat.v1` graph (a `tf.function` run by a `Session`) it compares
+  the tensors as objects, so `depth == 0` is False for every depth. The
+  converter therefore calls this for `==` in every primitive: the same
+  elementwise op in every mode (`Equal` without an error for shapes that
+  do not broadcast, as `tf.__operators__.eq`)."""
+  if a is None or b is None or not (
+      _is_dense_tensor(a) or _is_dense_tensor(b)):
+    return a == b
+  a, b = _as_tensors(a, b)
+  return tf.raw_ops.Equal(x=a, y=b, incompatible_shape_error=False)
+
+
+def not_equal(a, b):
+  """Python's `a != b`, elementwise where either side is a tensor (see
+  `equal`)."""
+  if a is None or b is None or not (
+      _is_dense_tensor(a) or _is_dense_tensor(b)):
+    return a != b
+  a, b = _as_tensors(a, b)
+  return tf.raw_ops.NotEqual(x=a, y=b, incompatible_shape_error=False)
+
+
+def _is_dense_tensor(x):
+  return isinstance(x, (tf.Tensor, tf.Variable))
+
+
+def _as_tensors(a, b):
+  """`a` and `b` as tensors, the one that is not a tensor taking the
+  other's dtype where it can (as a Python number does in `==`)."""
+  if not _is_dense_tensor(a):
+    b = tf.convert_to_tensor(b)
+    return tf.convert_to_tensor(a, dtype_hint=b.dtype), b
+  a = tf.convert_to_tensor(a)
+  return a, tf.convert_to_tensor(b, dtype_hint=a.dtype)
+
+
 def all_of(*conditions):
   """`a < b < c` as `(a < b) and (b < c)` without short-circuiting."""
   result = truthy(conditions[0])
