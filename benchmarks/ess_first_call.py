@@ -84,17 +84,8 @@ def measure(system, model, num_chains, steps_per_call, top):
                               max_tree_depth=10, num_trajectories_per_step=1),
       num_adaptation_steps=100, target_accept_prob=0.8)
 
-  @tf.function(jit_compile=True)
-  def start(state):
-    return kernel.bootstrap_results(state)
-
-  @tf.function(jit_compile=True)
-  def advance(state, results, seed):
-    out = tfp.mcmc.sample_chain(
-        steps_per_call, state, previous_kernel_results=results,
-        kernel=kernel, seed=seed, trace_fn=None,
-        return_final_kernel_results=True)
-    return out.all_states, out.final_kernel_results
+  start, advance = ess_harness.compiled_calls(kernel, steps_per_call,
+                                              trace_fn=None)
 
   def run(results, seed):
     out = advance(init, results, seed)

@@ -62,6 +62,27 @@ def make_kernel(system, target, step_size, max_tree_depth,
       num_trajectories_per_step=num_trajectories_per_step, backend=system)
 
 
+def compiled_calls(kernel, steps_per_call, trace_fn):
+  """The harness's two XLA-compiled functions: `start(state)`, the
+  kernel's bootstrap results, and `advance(state, results, seed)`,
+  `steps_per_call` steps of `sample_chain` giving (all states, trace,
+  final kernel results)."""
+
+  @tf.function(jit_compile=True)
+  def start(state):
+    return kernel.bootstrap_results(state)
+
+  @tf.function(jit_compile=True)
+  def advance(state, results, seed):
+    out = tfp.mcmc.sample_chain(
+        steps_per_call, state, previous_kernel_results=results,
+        kernel=kernel, seed=seed, trace_fn=trace_fn,
+        return_final_kernel_results=True)
+    return out.all_states, out.trace, out.final_kernel_results
+
+  return start, advance
+
+
 def _seed(seed, round_index, call):
   return tf.constant([seed * 1009 + round_index, call], tf.int32)
 
@@ -91,18 +112,7 @@ def run(system, model, init, *, num_warmup, num_draws, steps_per_call,
     return (inner.trajectory_states if fused else (),
             inner.leapfrogs_taken, inner.has_divergence)
 
-  @tf.function(jit_compile=True)
-  def start(state):
-    return kernel.bootstrap_results(state)
-
-  @tf.function(jit_compile=True)
-  def advance(state, results, seed):
-    out = tfp.mcmc.sample_chain(
-        steps_per_call, state, previous_kernel_results=results,
-        kernel=kernel, seed=seed, trace_fn=trace,
-        return_final_kernel_results=True)
-    return out.all_states, out.trace, out.final_kernel_results
-
+  start, advance = compiled_calls(kernel, steps_per_call, trace)
   init = tf.constant(init)
   began = time.perf_counter()
   results = start(init)
