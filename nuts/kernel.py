@@ -437,7 +437,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       structure.
     """
     seed = tfp.random.sanitize_seed(seed)
-    if self.backend == "pc:xla":
+    if self._step_backend() == "pc:xla":
       if self._xla_checked is None:
         self._xla_checked = shared_programs.shared_value(
             self.target_log_prob_fn, ("xla checked",), lambda call: set())
@@ -453,18 +453,26 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # results around the batched program are then one call, not dozens of
     # eager ops, several times faster for a small model. A recorded call
     # of the XLA-compiled step would fail as TensorFlow built its gradient.
-    # Not in a tf.compat.v1 graph: with TF1 control flow, TensorFlow
-    # calls a jit_compile function inside a while loop with its captured
-    # tensors (the target's data) taken from outside the loop's frame, an
-    # error ("inputs from different frames"); the VM's own call works.
-    if self.backend == "pc:xla" and not (
+    if self._step_backend() == "pc:xla" and not (
         tf.executing_eagerly()
-        and tab.tape_may_record()) and (
-            tf.compat.v1.executing_eagerly_outside_functions()):
+        and tab.tape_may_record()):
       return self._shared_step(current_state, previous_kernel_results, seed,
                                first_chain)
     return self._one_step(current_state, previous_kernel_results, seed,
                           first_chain)
+
+  def _step_backend(self):
+    """The backend a step runs the batched program on: `backend`, except
+    that `pc:xla` runs as `pc:graph` in a `tf.compat.v1` graph. There
+    TensorFlow's graph executor lowers `sample_chain`'s nested while loops
+    to TF1 frames and feeds an XLA-compiled function called inside them
+    (the shared step, or the VM's own compiled call) tensors or control
+    edges from the outer loop's frame, an error ("inputs from different
+    frames"); `pc:graph`'s VM is plain ops of the caller's graph."""
+    if (self.backend == "pc:xla"
+        and not tf.compat.v1.executing_eagerly_outside_functions()):
+      return "pc:graph"
+    return self.backend
 
   def _shared_step(self, current_state, previous_kernel_results, seed,
                    first_chain):
@@ -575,7 +583,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     try:
       out = nuts_steps(q_in, tf.reshape(results.target_log_prob,
                                         [num_chains]),
-                       grad_in, step, chain_keys, backend=self.backend)
+                       grad_in, step, chain_keys,
+                       backend=self._step_backend())
     except tab.TypeInferenceError as e:
       cause = e.__cause__
       if not _raised_in(cause, shared_programs.call_target):

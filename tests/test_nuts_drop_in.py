@@ -100,6 +100,26 @@ def test_a_step_in_a_v1_graph_draws_what_it_draws_eagerly(mode):
   np.testing.assert_allclose(graph[2], eager[2], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["graph", "graph function"])
+def test_pc_xla_steps_as_pc_graph_in_a_v1_graph(mode):
+  """In a tf.compat.v1 graph the kernel runs `pc:xla`'s steps on
+  `pc:graph`'s VM: TensorFlow's v1 executor mis-framed XLA-compiled calls
+  inside sample_chain's nested loops ("inputs from different frames", in
+  TFP's own windowed_adaptive_nuts test run with ours). The draws are
+  then pc:graph's exactly (XLA's random draws differ from them)."""
+  start = np.random.RandomState(1).randn(6, 2).astype(np.float32)
+  def build(backend):
+    def step():
+      kernel = nuts.NoUTurnSampler(_correlated_gaussian().log_prob, 0.5,
+                                   backend=backend)
+      state = tf.constant(start)
+      return kernel.one_step(state, kernel.bootstrap_results(state),
+                             seed=[5, 6])[0]
+    return step
+  np.testing.assert_array_equal(_in_mode(mode, build("pc:xla")),
+                                _in_mode(mode, build("pc:graph")))
+
+
 @pytest.mark.nightly
 def test_sample_chain_in_a_v1_graph_function_has_the_target_scales():
   """Issue 44's report as a user runs it: `sample_chain` with step-size
