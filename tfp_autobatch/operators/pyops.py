@@ -88,21 +88,23 @@ def equal(a, b):
   converter therefore calls this for `==` in every primitive: the same
   elementwise op in every mode (`Equal` without an error for shapes that
   do not broadcast, as `tf.__operators__.eq`)."""
-  if a is None or b is None or not (
-      _is_dense_tensor(a) or _is_dense_tensor(b)):
-    return a == b
-  a, b = _as_tensors(a, b)
-  return tf.raw_ops.Equal(x=a, y=b, incompatible_shape_error=False)
+  return _compare(a, b, lambda x, y: x == y, tf.raw_ops.Equal)
 
 
 def not_equal(a, b):
   """Python's `a != b`, elementwise where either side is a tensor (see
   `equal`)."""
+  return _compare(a, b, lambda x, y: x != y, tf.raw_ops.NotEqual)
+
+
+def _compare(a, b, python_compare, raw_op):
+  """`python_compare(a, b)` for Python values, else `raw_op` of both as
+  tensors, elementwise."""
   if a is None or b is None or not (
       _is_dense_tensor(a) or _is_dense_tensor(b)):
-    return a != b
+    return python_compare(a, b)
   a, b = _as_tensors(a, b)
-  return tf.raw_ops.NotEqual(x=a, y=b, incompatible_shape_error=False)
+  return raw_op(x=a, y=b, incompatible_shape_error=False)
 
 
 def _is_dense_tensor(x):

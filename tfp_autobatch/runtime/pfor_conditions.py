@@ -106,30 +106,19 @@ def _make_concat_converter(pfor_converter):
   return convert_concat
 
 
-def _make_reduction_converter(reduce):
+def _make_axis_op_converter(op, **attrs):
+  """A converter for an op of (input, axis), a reduction or a cumulative
+  sum or product, that calls `op(stacked input, shifted axis, keyword=
+  the op's attribute, ...)` for `attrs` {keyword: attribute name}."""
   def make(pfor_converter):
-    def convert_reduction(pfor_input):
+    def convert(pfor_input):
       axis = _shifted_axis(pfor_input.unstacked_input(1))
       if axis is None:
         return pfor_converter(pfor_input)
-      return _pfor.wrap(reduce(pfor_input.stacked_input(0), axis,
-                               keepdims=pfor_input.get_attr("keep_dims")),
-                        True)
-    return convert_reduction
-  return make
-
-
-def _make_cumulative_converter(cumulative):
-  def make(pfor_converter):
-    def convert_cumulative(pfor_input):
-      axis = _shifted_axis(pfor_input.unstacked_input(1))
-      if axis is None:
-        return pfor_converter(pfor_input)
-      return _pfor.wrap(cumulative(
-          pfor_input.stacked_input(0), axis,
-          exclusive=pfor_input.get_attr("exclusive"),
-          reverse=pfor_input.get_attr("reverse")), True)
-    return convert_cumulative
+      return _pfor.wrap(op(pfor_input.stacked_input(0), axis, **{
+          keyword: pfor_input.get_attr(name)
+          for keyword, name in attrs.items()}), True)
+    return convert
   return make
 
 
@@ -170,9 +159,12 @@ def _select_converters():
             "StatelessCase": _make_case_converter,
             "Split": _make_split_converter,
             "ConcatV2": _make_concat_converter,
-            "Cumsum": _make_cumulative_converter(tf.math.cumsum),
-            "Cumprod": _make_cumulative_converter(tf.math.cumprod)}
-  makers.update({op: _make_reduction_converter(reduce) for op, reduce in (
+            "Cumsum": _make_axis_op_converter(
+                tf.math.cumsum, exclusive="exclusive", reverse="reverse"),
+            "Cumprod": _make_axis_op_converter(
+                tf.math.cumprod, exclusive="exclusive", reverse="reverse")}
+  makers.update({op: _make_axis_op_converter(reduce, keepdims="keep_dims")
+                 for op, reduce in (
       ("Sum", tf.reduce_sum), ("Prod", tf.reduce_prod),
       ("Max", tf.reduce_max), ("Min", tf.reduce_min),
       ("Mean", tf.reduce_mean), ("All", tf.reduce_all),
