@@ -29,6 +29,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import ess_replicas
 from benchmarks import nuts_problems
 import nuts
 
@@ -49,15 +50,12 @@ _OUTPUT = flags.DEFINE_string("output", None,
 
 def measure(replicas):
   """One record: `replicas` logical CPUs, timed as the module says."""
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  tf.config.set_logical_device_configuration(
-      cpu, [tf.config.LogicalDeviceConfiguration()] * replicas)
+  ess_replicas.set_logical_cpus(replicas)
   # After the devices are fixed: the problem builds tensors.
   problem = nuts_problems.make_problem(_PROBLEM.value, num_dims=_DIMS.value)
   chains = _CHAINS.value
   init = problem.initial_state(replicas * chains)
-  strategy = tf.distribute.MirroredStrategy(
-      [d.name for d in tf.config.list_logical_devices("CPU")])
+  strategy = ess_replicas.mirrored_strategy(replicas)
   kernel = nuts.NoUTurnSampler(
       problem.target_log_prob, problem.step_size,
       max_tree_depth=_MAX_DEPTH.value, backend=_BACKEND.value,
