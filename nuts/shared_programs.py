@@ -136,11 +136,13 @@ def _shared(owner, function=None):
   return shared
 
 
-def _forget(key, ref):
-  """The weak reference's callback: its target died; drop its programs."""
-  shared = _SHARED.get(key)
+def _forget(key, ref, entries=_SHARED):
+  """The weak reference's callback: its target died; drop its programs.
+  (`entries` is bound here: at interpreter exit the module's globals are
+  cleared before the last targets die.)"""
+  shared = entries.get(key)
   if shared is not None and shared.target_ref is ref:
-    del _SHARED[key]
+    del entries[key]
 
 
 def _build(target_ref, layout, settings):
