@@ -246,42 +246,69 @@ def test_pc_graph_in_jit_compile_runs_a_while_loop_forward_under_tapes(tapes):
       tape.gradient(y, x)
 
 
+def _log_prob_with_a_variable_scale():
+  scale = tf.Variable(1.5, dtype=tf.float64)
+  return lambda q: -0.5 * tf.reduce_sum(tf.square(q / scale), -1)
+
+
+def _compiled_sample_chain(kernel):
+  """`sample_chain` of two draws in the user's `jit_compile`, behind
+  `tf.stop_gradient`, as docs/nuts.md says: without it no kernel works
+  under a tape there (XLA cannot compile the gradient of its loop)."""
+  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
+  return tf.function(lambda q: tf.stop_gradient(tfp.mcmc.sample_chain(
+      2, q, kernel=kernel, trace_fn=None, seed=[1, 2])), jit_compile=True)
+
+
+HIGHER_ORDER_TAPE_ERROR = "fixed tensor list size"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tapes", TAPES)
-def test_nuts_on_pc_graph_in_jit_compile_samples_under_tapes(tapes, request):
-  if tapes != "single":
-    request.applymarker(pytest.mark.xfail(
-        strict=True, raises=tf.errors.InvalidArgumentError,
-        reason="known regression since the kernel carries a "
-        "momentum_distribution: one_step multiplies the step size by the "
-        "metric's sqrt(precision) before the VM; a persistent or nested "
-        "tape builds that Mul's gradient when the step runs, which needs "
-        "its operands accumulated in sample_chain's inner smart_for_loop, "
-        "a while loop with no maximum_iterations, and XLA cannot size "
-        "that accumulator ('fixed tensor list size'; pc:xla inside "
-        "jit_compile fails alike). One tape and untaped runs work"))
+def test_nuts_on_pc_graph_in_jit_compile_samples_under_tapes(tapes):
   # The NUTS kernel's step, compiled by the user's XLA on pc:graph under
   # a persistent tape, gave no result after minutes, at over 10 GB of
   # memory (the tape had TensorFlow wrap the VM's loop for higher-order
-  # gradients, as in the tests above). `tf.stop_gradient` on the samples,
-  # as the README says: without it TFP's own kernels fail too (the
-  # gradient of `sample_chain`'s loop cannot be compiled by XLA).
+  # gradients, as in the tests above). Under a persistent or nested tape
+  # TensorFlow also makes `sample_chain`'s own loop (no maximum number of
+  # iterations) accumulate what its gradient reads, which XLA cannot
+  # size: that fails as it does for tfp.mcmc.NoUTurnSampler
+  # (`test_..._under_higher_order_tapes_as_tfps_kernel_does`), and
+  # sampling with the tapes stopped works.
   import nuts   # pylint: disable=g-import-not-at-top
-  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
-  scale = tf.Variable(1.5, dtype=tf.float64)
-  def log_prob(q):
-    return -0.5 * tf.reduce_sum(tf.square(q / scale), -1)
+  log_prob = _log_prob_with_a_variable_scale()
   init = tf.constant(np.random.default_rng(2).normal(size=(4, 3)))
   def sampler(backend):
-    kernel = nuts.NoUTurnSampler(log_prob, 0.3, max_tree_depth=3,
-                                 backend=backend)
-    return tf.function(lambda q: tf.stop_gradient(tfp.mcmc.sample_chain(
-        2, q, kernel=kernel, trace_fn=None, seed=[1, 2])), jit_compile=True)
-  with recording(tapes):
-    got = sampler("pc:graph")(init)
+    return _compiled_sample_chain(nuts.NoUTurnSampler(
+        log_prob, 0.3, max_tree_depth=3, backend=backend))
+  with recording(tapes) as recorders:
+    if tapes == "single":
+      got = sampler("pc:graph")(init)
+    else:
+      with pytest.raises(tf.errors.InvalidArgumentError,
+                         match=HIGHER_ORDER_TAPE_ERROR):
+        sampler("pc:graph")(init)
+      with recorders[-1].stop_recording():   # the outermost: all of them
+        got = sampler("pc:graph")(init)
   # Against pc:xla, also under XLA: TensorFlow's stateless random draws
   # differ there from the draws outside XLA, for TFP's kernels too.
   np.testing.assert_allclose(got, sampler("pc:xla")(init), rtol=1e-10)
+
+
+@pytest.mark.nightly
+@pytest.mark.parametrize("tapes", ["persistent", "nested"])
+def test_nuts_in_jit_compile_fails_under_higher_order_tapes_as_tfps_kernel_does(
+    tapes):
+  # The drop-in contract: where TFP's kernel works ours works; here
+  # neither does, with the same XLA error.
+  import tensorflow_probability as tfp   # pylint: disable=g-import-not-at-top
+  init = tf.constant(np.random.default_rng(2).normal(size=(4, 3)))
+  theirs = _compiled_sample_chain(tfp.mcmc.NoUTurnSampler(
+      _log_prob_with_a_variable_scale(), 0.3, max_tree_depth=3))
+  with recording(tapes):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=HIGHER_ORDER_TAPE_ERROR):
+      theirs(init)
 
 
 @tf.custom_gradient
