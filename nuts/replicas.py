@@ -79,14 +79,15 @@ def sample_chain(strategy, num_results, current_state, kernel, seed,
   results = previous_kernel_results
   bootstrap, step = _compiled(kernel, trace_fn)
   if results is None:
-    results = _run(strategy, bootstrap, (state,), "bootstrap_results")
+    results = run_on_replicas(strategy, bootstrap, (state,),
+                              "bootstrap_results")
   seeds = tfp.random.split_seed(tfp.random.sanitize_seed(seed), num_results)
   states, traces = [], []
   for i in range(num_results):
-    state, results, trace = _run(strategy, step, (state, results, seeds[i]),
+    state, results, trace = run_on_replicas(strategy, step, (state, results, seeds[i]),
                                  f"step {i + 1} of {num_results}")
-    states.append(_local(strategy, state))
-    traces.append(_local(strategy, trace))
+    states.append(local_chains(strategy, state))
+    traces.append(local_chains(strategy, trace))
   stack = lambda *xs: tf.stack(xs, 0)   # pylint: disable=unnecessary-lambda-assignment
   states = tf.nest.map_structure(stack, *states) if states else []
   traces = (tf.nest.map_structure(stack, *traces)
@@ -117,7 +118,9 @@ def _compiled(kernel, trace_fn):
   return per_trace[trace_fn]
 
 
-def _run(strategy, fn, args, what):
+def run_on_replicas(strategy, fn, args, what):
+  """`strategy.run(fn, args)`; a peer lost in its collectives is a
+  `ReplicaLostError` naming `what` ran."""
   try:
     return strategy.run(fn, args)
   except _PEER_ERRORS as e:
@@ -130,10 +133,11 @@ def _run(strategy, fn, args, what):
         f"{str(e).strip()[:300]}") from e
 
 
-def _local(strategy, value):
-  """A distributed value's local replicas, concatenated along the chains
-  (a scalar, the same on every replica, once)."""
+def local_chains(strategy, value, is_per_chain=lambda x: bool(x.shape.rank)):
+  """A distributed value's local replicas: the leaves that `is_per_chain`
+  (by default, those with a rank) concatenated along the chains, in
+  replica order; the others, the same on every replica, once."""
   def gather(x):
     parts = strategy.experimental_local_results(x)
-    return tf.concat(parts, 0) if parts[0].shape.rank else parts[0]
+    return tf.concat(parts, 0) if is_per_chain(parts[0]) else parts[0]
   return tf.nest.map_structure(gather, value)

@@ -32,6 +32,7 @@ import functools
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from nuts import replicas
 from nuts import sharding
 
 __all__ = ["ReplicaSteps", "sharded_settings"]
@@ -176,7 +177,9 @@ class ReplicaSteps:
     if name not in self._compiled:
       self._compiled[name] = tf.function(
           functools.partial(getattr(self, name), run), autograph=False)
-    return self.strategy.run(self._compiled[name], args)
+    what = "windowed_adaptive_nuts' " + name.replace("_replica_", "")
+    return replicas.run_on_replicas(self.strategy, self._compiled[name],
+                                    args, what)
 
   def _gather(self, value):
     """A step's values holding every chain: per-chain leaves (leading
@@ -185,13 +188,7 @@ class ReplicaSteps:
     statistics, the same on every replica) from the first local replica."""
     if self._across_hosts:
       return self._first(value)
-
-    def gather(x):
-      local = self.strategy.experimental_local_results(x)
-      if self._is_per_chain(local[0]):
-        return tf.concat(local, 0)
-      return local[0]
-    return tf.nest.map_structure(gather, value)
+    return replicas.local_chains(self.strategy, value, self._is_per_chain)
 
   def _first(self, value):
     return tf.nest.map_structure(

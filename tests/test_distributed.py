@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import tensorflow_probability as tfp
 import nuts
 from nuts import replicas
 from nuts import sharding
+from nuts import windowed_replicas
 
 _RUNS = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                      "distributed_runs.py")
@@ -256,6 +258,7 @@ def test_reduce_over_chains_without_replicas_is_local():
 class _PeerGone:
   """A strategy whose replicas' all-reduce fails as when a peer has died."""
   num_replicas_in_sync = 2
+  extended = types.SimpleNamespace(worker_devices=("cpu:0", "cpu:1"))
 
   def run(self, fn, args):
     del fn, args
@@ -273,6 +276,17 @@ def test_sample_chain_names_the_step_a_peer_was_lost_at():
                      "take part.*Connection reset by peer"):
     replicas.sample_chain(_PeerGone(), 3, lambda context: None, kernel,
                           seed=(1, 2))
+
+
+def test_windowed_steps_name_a_lost_peer():
+  # windowed_adaptive_nuts(chain_axis_names=) ran its steps with
+  # strategy.run directly: TensorFlow's error, where sample_chain's says
+  # a replica was lost.
+  steps = windowed_replicas.ReplicaSteps(_PeerGone(), num_chains=4)
+  with pytest.raises(replicas.ReplicaLostError,
+                     match="windowed_adaptive_nuts' bootstrap of a sharded "
+                     "run.*did not take part.*Connection reset by peer"):
+    steps.call(None, "_bootstrap", tf.zeros([4, 1]), 0.5, None, 10)
 
 
 def _windowed_model():
