@@ -14,12 +14,15 @@ __all__ = ["as_parts", "layout", "check_chain_rank", "check_log_density", "check
 as_parts = state_structure.as_parts
 
 
-def layout(parts, structure, kernel_results, metric=None):
+def layout(parts, structure, kernel_results, metric=None,
+           chain_parameters=False):
   """`(chain_ndims, layout)`: the chain dimensions (the rank of the
   results' `target_log_prob`) and the state layout the NUTS program is
-  built for (per-chain part shapes, the state's `StateStructure`, and the
+  built for (per-chain part shapes, the state's `StateStructure`, the
   metric kind the program is built for: None for a diagonal one, which
-  is a step size per coordinate, or "dense", see `nuts/momentum.py`)."""
+  is a step size per coordinate, or "dense", see `nuts/momentum.py`, and
+  None or, for a target with parameters per chain, the chain shape, on
+  which the program calls it whole; see `shared_programs`)."""
   chain_ndims = check_chain_rank(kernel_results.target_log_prob)
 
   dtype = parts[0].dtype
@@ -37,7 +40,9 @@ def layout(parts, structure, kernel_results, metric=None):
           "input_signature those dimensions, e.g. [None, 3]")
   event_shapes = tuple(tuple(int(d) for d in p.shape[chain_ndims:])
                        for p in parts)
-  return chain_ndims, (event_shapes, structure, metric)
+  chain_shape = (tuple(int(d) for d in parts[0].shape[:chain_ndims])
+                 if chain_parameters else None)
+  return chain_ndims, (event_shapes, structure, metric, chain_shape)
 
 
 def check_chain_rank(logp):

@@ -344,6 +344,36 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
           self.target_log_prob_fn, layout, self._tree_settings())
     return self._programs[layout]
 
+  def _chain_parameters(self, parts, structure, chain_ndims):
+    """Whether the target has parameters per chain
+    (`target_checks.chain_parameters`): asked once per state structure
+    and static shapes, for all the kernels of this target, where the
+    answer is known when traced (each call traces the target once more)."""
+    def ask():
+      return target_checks.chain_parameters(
+          self.target_log_prob_fn, parts, structure, chain_ndims)
+    shapes = tuple(tuple(p.shape.as_list()) if p.shape.rank is not None
+                   else None for p in parts)
+    if any(s is None or None in s for s in shapes):
+      return ask()
+    return shared_programs.shared_value(
+        self.target_log_prob_fn,
+        ("chain parameters", structure, shapes, chain_ndims),
+        lambda call: ask())
+
+  def _layout(self, state, kernel_results):
+    """`(parts, structure, chain_ndims, layout)` of a state and the kernel
+    results it is stepped with: the layout keys the batched program, with
+    the metric kind of the results' momentum distribution and whether the
+    target has parameters per chain."""
+    parts, structure = chain_states.as_parts(state)
+    chain_ndims = chain_states.check_chain_rank(kernel_results.target_log_prob)
+    chain_ndims, layout = chain_states.layout(
+        parts, structure, kernel_results,
+        momentum.kind(kernel_results.momentum_distribution),
+        self._chain_parameters(parts, structure, chain_ndims))
+    return parts, structure, chain_ndims, layout
+
   def _gradient_blocks(self, nuts_steps, layout):
     """`{block label: batched gradient calls in the block}` of the blocks
     that call the gradient, labelled as the local runtimes label them
@@ -387,8 +417,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                            parts, structure)
     chain_states.check_log_density(logp, parts)
     chain_states.check_chain_rank(logp)
-    target_checks.check_chains_alike(self.target_log_prob_fn, parts,
-                                     structure, logp.shape.rank)
+    self._chain_parameters(parts, structure, logp.shape.rank)
     chain_states.check_finite_start(logp)
     step_size = self.step_size
     chain_states.check_step_size(step_size, parts, logp.shape.rank)
@@ -453,9 +482,12 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # results around the batched program are then one call, not dozens of
     # eager ops, several times faster for a small model. A recorded call
     # of the XLA-compiled step would fail as TensorFlow built its gradient.
+    # Nor under `tf.config.run_functions_eagerly(True)`, where it would
+    # run op by op, its run counts eager values, not the tensors it
+    # returns.
     if self._step_backend() == "pc:xla" and not (
         tf.executing_eagerly()
-        and tab.tape_may_record()):
+        and (tab.tape_may_record() or tf.config.functions_run_eagerly())):
       return self._shared_step(current_state, previous_kernel_results, seed,
                                first_chain)
     return self._one_step(current_state, previous_kernel_results, seed,
@@ -500,7 +532,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       _STEPPING.reset(token)
     # What `_one_step` records, also where another kernel's call traced it:
     # eagerly the run statistics, read from the step's counts.
-    _, _, _, layout = _layout(current_state, previous_kernel_results)
+    _, _, _, layout = self._layout(current_state, previous_kernel_results)
     (nuts_steps, _, _, _), _ = self._program(layout)
     stats = None
     if tf.executing_eagerly():
@@ -521,7 +553,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     copy of this kernel ran the step (as
     `tfp.mcmc.TransformedTransitionKernel` runs one), it is the copy's
     program."""
-    _, _, _, layout = _layout(current_state, kernel_results)
+    _, _, _, layout = self._layout(current_state, kernel_results)
     ran = self._ran_programs.get(self._ran_key(layout))
     if ran is not None:
       return ran
@@ -542,8 +574,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
   def _one_step(self, current_state, previous_kernel_results, seed,
                 first_chain=0):
     results = previous_kernel_results
-    parts, structure, chain_ndims, layout = _layout(current_state, results)
-    event_shapes, _, metric = layout
+    parts, structure, chain_ndims, layout = self._layout(current_state,
+                                                         results)
+    event_shapes, _, metric, chain_parameters = layout
     dtype = parts[0].dtype
     chain_shape = tf.shape(results.target_log_prob)
     num_chains = tf.reduce_prod(chain_shape)
@@ -575,6 +608,14 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                             adjoint_a=True),
                            tf.zeros_like(entries)], -1)
       step = tf.concat([flat(steps), tf.zeros_like(entries)], -1)
+    if chain_parameters is not None:
+      # Each chain's index rides in one more coordinate, with step 0 (so
+      # no momentum, and it never moves), which the program's gradient
+      # reads to call the target on every chain in order
+      # (`shared_programs`).
+      q_in = tf.concat([q_in, shared_programs.chain_index_column(
+          num_chains, dtype)], -1)
+      grad_in, step = [tf.pad(x, [[0, 0], [0, 1]]) for x in (grad_in, step)]
     # Each chain's seed words (step seed, global chain index), hashed
     # once here.
     chain_keys = nuts_random.chain_key(tf.stack([
@@ -624,8 +665,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # the trajectory dimension, which the dense metric's slicing needs.
     trajectory_q = tf.reshape(out.trajectory_q,
                               [num_chains, self.num_trajectories_per_step, -1])
+    dim = sum(sizes)
+    if chain_parameters is not None:   # without the chains' indices
+      out_q, out_grad = out_q[:, :-1], out_grad[:, :-1]
+      trajectory_q = trajectory_q[:, :, :-1]
     if metric is not momentum.DIAGONAL:
-      dim = sum(sizes)
       out_q = tf.linalg.matvec(lower, out_q[:, :dim])
       trajectory_q = tf.linalg.matvec(lower[:, tf.newaxis],
                                       trajectory_q[:, :, :dim])
@@ -639,8 +683,16 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # block's members gathered; under XLA into a few fixed sizes): eagerly in
     # their RunStats, traced as tensors of the caller's graph. The local
     # runtimes (eager only) call it on the gathered active chains, and
-    # chains x calls is an upper bound.
-    if stats is None:
+    # chains x calls is an upper bound. A target with parameters per chain
+    # computes every chain at each call.
+    if chain_parameters is not None and stats is None:
+      members = nuts_steps.last_stats_tensors["batched_primitive_members"]
+      computed = tf.cast(num_chains, tf.int32) * tf.reduce_sum(members[1:])
+    elif chain_parameters is not None and (
+        stats.batched_primitive_rows is not None):
+      computed = tf.cast(num_chains * stats.batched_primitive_calls,
+                         tf.int32)
+    elif stats is None:
       computed = tf.cast(
           nuts_steps.last_stats_tensors["batched_primitive_rows"], tf.int32)
     elif stats.batched_primitive_rows is not None:
@@ -684,20 +736,9 @@ def _step_of_caller(current_state, previous_kernel_results, seed,
   kernel = _STEPPING.get()
   new_state, new_results = kernel._one_step(   # pylint: disable=protected-access
       current_state, previous_kernel_results, seed, first_chain)
-  _, _, _, layout = _layout(current_state, previous_kernel_results)
+  _, _, _, layout = kernel._layout(current_state, previous_kernel_results)   # pylint: disable=protected-access
   (nuts_steps, _, _, _), _ = kernel._program(layout)   # pylint: disable=protected-access
   return new_state, new_results, nuts_steps.last_stats_tensors
-
-
-def _layout(state, kernel_results):
-  """`(parts, structure, chain_ndims, layout)` of a state and the kernel
-  results it is stepped with: the layout keys the batched program, with
-  the metric kind of the results' momentum distribution."""
-  parts, structure = chain_states.as_parts(state)
-  chain_ndims, layout = chain_states.layout(
-      parts, structure, kernel_results,
-      momentum.kind(kernel_results.momentum_distribution))
-  return parts, structure, chain_ndims, layout
 
 
 def _raised_in(error, function):

@@ -39,7 +39,8 @@ import tfp_autobatch as tab
 from nuts import momentum
 from nuts import tree
 
-__all__ = ["nuts_program", "shared_value", "call_target", "value_and_grads"]
+__all__ = ["nuts_program", "shared_value", "call_target", "value_and_grads",
+           "chain_index_column"]
 
 _Shared = collections.namedtuple("_Shared", [
     "target_ref",   # weakref.ref to the target (a method's: its object)
@@ -145,12 +146,29 @@ def _forget(key, ref, entries=_SHARED):
     del entries[key]
 
 
+def chain_index_column(num_chains, dtype):
+  """`[num_chains, 1]`: each chain's index plus one, the coordinate the
+  program carries for a target with parameters per chain (see `_build`)."""
+  return tf.cast(tf.range(1, num_chains + 1), dtype)[:, tf.newaxis]
+
+
 def _build(target_ref, layout, settings):
   """A new program, whose gradient calls `target_ref()`. For a dense
   metric (`nuts/momentum.py`) the program's state is y then the d*d
   entries of L, and the target is called at q = L y, its gradient
-  returned for y (L^T times q's) and as zeros for L."""
-  event_shapes, structure, metric = layout
+  returned for y (L^T times q's) and as zeros for L.
+
+  A target with parameters per chain (the layout's chain shape) must get
+  each chain's state at that chain's place, where the program calls the
+  gradient on whichever chains reach a leaf together. The state then ends
+  in one more coordinate, the chain's index plus one
+  (`chain_index_column`), which never moves (its step is 0), and each
+  call puts its rows at their chains' places in the whole chain shape,
+  calls the target on every chain, as tfp.mcmc.NoUTurnSampler does, and
+  takes its rows back. The other places hold the call's first row (a
+  state the target takes). A row whose index is not a chain's (a VM
+  register never written, zeros: hence the plus one) goes nowhere."""
+  event_shapes, structure, metric, chain_shape = layout
   sizes = [int(np.prod(s)) for s in event_shapes]
   dim = sum(sizes)
 
@@ -162,19 +180,46 @@ def _build(target_ref, layout, settings):
                         zip(grads, sizes)], axis=-1)
     return tf.reshape(logp, [-1]), flat_g
 
+  def target_at_chains(flat_q, index):
+    num_chains = int(np.prod(chain_shape))
+    chain = tf.cast(tf.round(index), tf.int32) - 1
+    # Rows that are no chain's go to one more place, dropped after.
+    chain = tf.where((chain >= 0) & (chain < num_chains), chain, num_chains)
+    first = tf.concat([flat_q, tf.zeros([1, dim], flat_q.dtype)], 0)[:1]
+    whole = tf.tensor_scatter_nd_update(
+        tf.tile(first, [num_chains + 1, 1]), chain[:, tf.newaxis], flat_q)
+    parts = [tf.reshape(x, list(chain_shape) + list(s)) for x, s in
+             zip(tf.split(whole[:num_chains], sizes, axis=-1), event_shapes)]
+    logp, grads = value_and_grads(_alive(target_ref), parts, structure)
+    logp = tf.concat([tf.reshape(logp, [num_chains]),
+                      tf.zeros([1], logp.dtype)], 0)
+    flat_g = tf.concat([tf.reshape(g, [num_chains, k]) for g, k in
+                        zip(grads, sizes)], axis=-1)
+    flat_g = tf.concat([flat_g, tf.zeros([1, dim], flat_g.dtype)], 0)
+    return tf.gather(logp, chain), tf.gather(flat_g, chain)
+
+  def on_metric(flat_q, call):
+    """`call`'s log density and gradient at the program's state."""
+    if metric == momentum.DENSE:
+      y, factor = flat_q[:, :dim], flat_q[:, dim:]
+      lower = tf.reshape(factor, [-1, dim, dim])
+      logp, g_q = call(tf.linalg.matvec(lower, y))
+      return logp, tf.concat([tf.linalg.matvec(lower, g_q, adjoint_a=True),
+                              tf.zeros_like(factor)], axis=-1)
+    return call(flat_q)
+
   @tab.batched_primitive
   def logp_and_grad(flat_q):
     single = flat_q.shape.rank == 1   # run_unbatched passes one chain
     if single:
       flat_q = flat_q[tf.newaxis]
-    if metric == momentum.DENSE:
-      y, factor = flat_q[:, :dim], flat_q[:, dim:]
-      lower = tf.reshape(factor, [-1, dim, dim])
-      logp, g_q = target_at(tf.linalg.matvec(lower, y))
-      flat_g = tf.concat([tf.linalg.matvec(lower, g_q, adjoint_a=True),
-                          tf.zeros_like(factor)], axis=-1)
+    if chain_shape is None:
+      logp, flat_g = on_metric(flat_q, target_at)
     else:
-      logp, flat_g = target_at(flat_q)
+      index = flat_q[:, -1]
+      logp, flat_g = on_metric(flat_q[:, :-1],
+                               lambda q: target_at_chains(q, index))
+      flat_g = tf.pad(flat_g, [[0, 0], [0, 1]])
     if single:
       return logp[0], flat_g[0]
     return logp, flat_g

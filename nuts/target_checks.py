@@ -1,7 +1,8 @@
 """Checks that the user's target runs as the batched NUTS program calls
-it: on any number of chains, each chain's log density from its own state
-(`check_chains_alike`), and, for `pc:xla`, compiled by XLA with the rest
-of the step (`check_target_compiles`). Each turns what would fail deep in
+it: on any number of chains, each chain's log density from its own state,
+or on all of them where it has parameters per chain (`chain_parameters`),
+and, for `pc:xla`, compiled by XLA with the rest of the step
+(`check_target_compiles`). Each turns what would fail deep in
 the VM, or give wrong answers, into an error about the target."""
 import re
 
@@ -10,57 +11,70 @@ import tensorflow as tf
 from nuts import chain_states
 from nuts import shared_programs
 
-__all__ = ["check_chains_alike", "check_target_compiles"]
+__all__ = ["chain_parameters", "check_target_compiles"]
 
 
-def check_chains_alike(target, parts, structure, chain_rank):
-  """Raises if the target, given one chain, does not return one value:
-  it has parameters per chain (ReplicaExchangeMC's per-replica
-  temperatures, a parameter with a chain dimension), which the batched
-  program, calling it on the chains still running, would hand to the
-  wrong chains. Eagerly or when the shapes say so a ValueError, else a
-  graph assertion (none under XLA; the batched primitive's row check
-  stops XLA from compiling it then)."""
+def chain_parameters(target, parts, structure, chain_rank):
+  """Whether the target must be called on all the chains at once: it has
+  parameters per chain (given one chain it returns more than one value:
+  a parameter with a chain dimension broadcasts the chain to it), or it
+  fails on one chain (a tf.function whose input_signature fixes the
+  number of chains). The batched program then calls it on every chain,
+  in the chains' order, as tfp.mcmc.NoUTurnSampler does, and not on the
+  chains still running alone, which would hand each chain another
+  chain's parameters (see `shared_programs`). Either needs the number of
+  chains where the kernel is traced, else a ValueError. Where the one
+  chain's result has a shape known only when the graph runs, says False
+  and adds a graph assertion that it has one value (none under XLA)."""
   if not chain_rank:
-    return
+    return False
   # With no chains (a batch of size 0, which sample_chain runs as
   # tfp.mcmc.NoUTurnSampler does) there is no chain to call it on: given
   # the empty batch, the target rightly returns no value.
   num_chains = parts[0].shape[:chain_rank].num_elements()
   if num_chains == 0:
-    return
+    return False
   one = [tf.reshape(p, tf.concat([[-1], tf.shape(p)[chain_rank:]], 0))[:1]
          for p in parts]
   try:
     logp_one = shared_programs.call_target(target, one, structure)
   except (TypeError, ValueError, tf.errors.InvalidArgumentError) as e:
     # E.g. a tf.function whose input_signature fixes the chain count.
-    raise ValueError(
-        "target_log_prob_fn failed on one chain's state (shapes "
-        f"{[x.shape.as_list() for x in one]}): this kernel calls it on "
-        "the chains still running, any number of them, so it must take "
-        "any number of chains (a tf.function input_signature must leave "
-        f"the chain dimension None). It raised: {e}") from e
-  message = (
-      "target_log_prob_fn must treat the chains alike, each chain's log "
-      "density from its own state alone: this kernel calls it on the "
-      "chains still running, any number of them, and given one chain it "
-      "returned shape {} instead of [1]. A target with parameters per "
-      "chain (ReplicaExchangeMC's tempered targets, a parameter with a "
-      "chain dimension) needs tfp.mcmc.NoUTurnSampler")
+    if num_chains is None:
+      raise ValueError(
+          "target_log_prob_fn failed on one chain's state (shapes "
+          f"{[x.shape.as_list() for x in one]}), and the number of chains "
+          "is unknown where the kernel is traced: this kernel calls such a "
+          "target on all the chains at once, which needs their number. "
+          "Give your tf.function's state a static chain shape, or let the "
+          "target take any number of chains (a tf.function "
+          f"input_signature leaving the chain dimension None). It raised: "
+          f"{e}") from e
+    return True
   # [] is a squeezed [1]: a target ending in `tf.squeeze`, as TFP's
   # examples write, is alike on one chain (the program reshapes each call's
   # log density to its rows); a target with a parameter per chain
   # broadcasts it to more values than one.
   if logp_one.shape in ([1], []):
-    return
+    return False
   if logp_one.shape.is_fully_defined() and (num_chains is not None
                                             or logp_one.shape != [0]):
-    raise ValueError(message.format(logp_one.shape.as_list()))
+    if num_chains is None:
+      raise ValueError(
+          "target_log_prob_fn has parameters per chain or takes a fixed "
+          "number of chains (given one chain it returned shape "
+          f"{logp_one.shape.as_list()}), and the number of chains is "
+          "unknown where the kernel is traced: this kernel calls such a "
+          "target on all the chains at once, which needs their number. "
+          "Give your tf.function's state a static chain shape")
+    return True
   tf.debugging.assert_equal(
       tf.size(logp_one),
       tf.minimum(tf.reduce_prod(tf.shape(parts[0])[:chain_rank]), 1),
-      message=message.format("other"))
+      message="target_log_prob_fn returned more than one value given one "
+      "chain, a shape known only when the graph runs: a target with "
+      "parameters per chain needs shapes known where the kernel is traced")
+  return False
 
 
 def check_target_compiles(target, current_state, kernel_results, checked):

@@ -42,12 +42,23 @@ def test_a_target_that_squeezes_its_result(mode):
   np.testing.assert_allclose(logp, expected, rtol=1e-5)
 
 
-def test_a_target_with_a_parameter_per_chain_is_still_refused():
-  scale = tf.constant([1., 2., 3.])
-  kernel = nuts.NoUTurnSampler(
-      lambda x: tf.squeeze(tfd.Normal(0., scale).log_prob(x)), 0.5)
-  with pytest.raises(ValueError, match="treat the chains alike"):
-    kernel.bootstrap_results(tf.zeros([3]))
+@pytest.mark.parametrize("mode", ["eager", "graph", "graph function"])
+def test_a_squeezed_target_with_a_parameter_per_chain(mode):
+  """A scale per chain, squeezed as TFP's examples write targets: it was
+  refused; each chain now gets its own scale, as with TFP's kernel."""
+  def build():
+    scale = tf.constant([1., 2., 3.])
+    target = lambda x: tf.squeeze(tfd.Normal(0., scale).log_prob(x))  # pylint: disable=unnecessary-lambda-assignment
+    kernel = nuts.NoUTurnSampler(target, 0.5, backend="pc:graph")
+    init = tf.constant([0.3, -0.2, 0.1])
+    results = kernel.bootstrap_results(init)
+    state, results = kernel.one_step(init, results, seed=[1, 2])
+    return (state, results.target_log_prob, target(state),
+            results.grads_target_log_prob[0], -state / scale ** 2)
+  state, logp, expected, grad, expected_grad = _in_mode(mode, build)
+  assert state.shape == (3,)
+  np.testing.assert_allclose(logp, expected, rtol=1e-5)
+  np.testing.assert_allclose(grad, expected_grad, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
@@ -172,3 +183,23 @@ def test_sample_chain_in_v1_control_flow_with_a_target_capturing_data(
   frames" (the jit-compiled step's call took the data from outside the
   while frame)."""
   assert fresh_python(_V1_CONTROL_FLOW_SCRIPT % backend) == [4, 8]
+
+
+def test_a_step_with_functions_run_eagerly():
+  """`tf.config.run_functions_eagerly(True)`, as users debug and TFP's
+  test_util's "eager_no_tf_function" regime runs: pc:xla's shared
+  compiled step then ran op by op and read its run counts as tensors it
+  did not have (a TypeError)."""
+  dist = tfd.MultivariateNormalDiag(scale_diag=[1., 2.])
+  kernel = nuts.NoUTurnSampler(dist.log_prob, 0.5, max_tree_depth=3)
+  init = tf.zeros([3, 2])
+  tf.config.run_functions_eagerly(True)
+  try:
+    state, results = kernel.one_step(init, kernel.bootstrap_results(init),
+                                     seed=[1, 2])
+  finally:
+    tf.config.run_functions_eagerly(False)
+  np.testing.assert_allclose(results.target_log_prob, dist.log_prob(state),
+                             rtol=1e-5)
+  assert int(results.num_grads_computed) >= int(
+      tf.reduce_sum(results.leapfrogs_taken)) > 0
