@@ -4,10 +4,13 @@ Draws come as `[draw, chain..., event...]` (`windowed_adaptive_nuts`,
 `tfp.mcmc.sample_chain`); ArviZ wants `[chain, draw, event...]`, with the
 sample statistics under its names. Several chain dimensions (an `n_chains`
 shape) become one ArviZ chain dimension. ArviZ is optional and imported
-when these are called; the 0.x API (`az.from_dict`, `az.summary`) is used,
-the one PyPI offers for every Python this package supports.
+when these are called. Both its APIs work: 1.x (`arviz` >= 1, or
+`arviz-base` with `arviz-stats`), whose data is an `xarray.DataTree`, and
+0.x, whose data is an `arviz.InferenceData`; the groups, names and
+`summary` columns are the same in both.
 """
 import collections
+import typing
 
 import numpy as np
 
@@ -29,13 +32,35 @@ SAMPLE_STATS_NAMES = {
 }
 
 
+class _ArviZ(typing.NamedTuple):
+  """The two calls we need, in whichever ArviZ API is installed."""
+  from_groups: typing.Callable   # {group: {name: array}} -> data
+  summary: typing.Callable       # arviz.summary
+  data_type: type                # what from_groups returns
+
+
 def _arviz():
+  """The installed ArviZ's API: `arviz`'s own (1.x or 0.x), or without
+  `arviz`, 1.x's through `arviz-base` and `arviz-stats`."""
   try:
     import arviz  # pylint: disable=g-import-not-at-top  (optional)
-  except ImportError as e:
-    raise ImportError("nuts.to_inference_data needs ArviZ: "
-                      "pip install arviz") from e
-  return arviz
+  except ImportError:
+    arviz = None
+  if arviz is not None and int(arviz.__version__.split(".")[0]) < 1:
+    return _ArviZ(lambda groups: arviz.from_dict(**groups, save_warmup=True),
+                  arviz.summary, arviz.InferenceData)
+  if arviz is not None:   # 1.x: arviz re-exports arviz-base and -stats
+    base = stats = arviz
+  else:
+    try:
+      import arviz_base as base  # pylint: disable=g-import-not-at-top
+      import arviz_stats as stats  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+      raise ImportError("nuts.to_inference_data and nuts.summary need "
+                        "ArviZ: pip install arviz") from e
+  import xarray  # pylint: disable=g-import-not-at-top  (ArviZ's dependency)
+  return _ArviZ(lambda groups: base.from_dict(groups, save_warmup=True),
+                stats.summary, xarray.DataTree)
 
 
 def _named_draws(draws, var_names):
@@ -103,7 +128,8 @@ def _chain_first(x, draws, chains, chain_ndims):
 
 def to_inference_data(draws, trace=None, *, chain_ndims=None,
                       var_names=None, warmup=None):
-  """An `arviz.InferenceData` from our draws and trace.
+  """ArviZ's data (`xarray.DataTree` in 1.x, `InferenceData` in 0.x) from
+  our draws and trace.
 
   Args:
     draws: the draws `windowed_adaptive_nuts` or `tfp.mcmc.sample_chain`
@@ -140,16 +166,14 @@ def to_inference_data(draws, trace=None, *, chain_ndims=None,
                for k, v in posterior.items()}
   stats = {k: _chain_first(v, num_draws, chains, chain_ndims)
            for k, v in stats.items()}
-  if warmup is None or not np.any(warmup):
-    return az.from_dict(posterior=posterior, sample_stats=stats or None)
-  keep = ~np.asarray(warmup, bool)
-  return az.from_dict(
-      posterior={k: v[:, keep] for k, v in posterior.items()},
-      sample_stats={k: v[:, keep] for k, v in stats.items()} or None,
-      warmup_posterior={k: v[:, ~keep] for k, v in posterior.items()},
-      warmup_sample_stats=({k: v[:, ~keep] for k, v in stats.items()}
-                           or None),
-      save_warmup=True)
+  groups = {"posterior": posterior, "sample_stats": stats}
+  if warmup is not None and np.any(warmup):
+    tune = np.asarray(warmup, bool)
+    groups = {prefix + name: {k: v[:, mask] for k, v in group.items()}
+              for prefix, mask in (("", ~tune), ("warmup_", tune))
+              for name, group in groups.items()}
+  return az.from_groups({name: group for name, group in groups.items()
+                         if group})
 
 
 Summary = collections.namedtuple("Summary", ["table", "divergences",
@@ -160,21 +184,22 @@ def summary(draws_or_idata, trace=None, **kwargs):
   """R-hat, bulk and tail ESS, and the divergences, in one call.
 
   Args:
-    draws_or_idata: an `arviz.InferenceData`, or draws as
+    draws_or_idata: `to_inference_data`'s result, or draws as
       `to_inference_data` takes them.
     trace: the trace, when draws are given.
-    **kwargs: passed to `arviz.summary` (`var_names`, `hdi_prob`, ...).
+    **kwargs: passed to ArviZ's `summary` (`var_names`, ...; the
+      interval is `hdi_prob` in 0.x, `ci_prob` in 1.x).
 
   Returns:
     `Summary(table, divergences, num_draws, num_chains)`: `table` is
-    `arviz.summary`'s DataFrame (mean, sd, HDI, MCSE, `ess_bulk`,
-    `ess_tail`, `r_hat`), `divergences` the divergent transitions among the
+    ArviZ's `summary` DataFrame (mean, sd, a credible interval, MCSE,
+    `ess_bulk`, `ess_tail`, `r_hat`), `divergences` the divergent transitions among the
     posterior draws (None without a `diverging` statistic). Printing it
     shows both.
   """
   az = _arviz()
   idata = draws_or_idata
-  if not isinstance(idata, az.InferenceData):
+  if not isinstance(idata, az.data_type):
     idata = to_inference_data(draws_or_idata, trace)
   table = az.summary(idata, **kwargs)
   divergences = None
