@@ -25,12 +25,17 @@ setuptools.setup(
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
-                 "matplotlib>=3.8", "arviz>=0.21,<1", "import-linter>=2.1",
-                 "tqdm>=4.66",
+                 "matplotlib>=3.8", "import-linter>=2.1", "tqdm>=4.66",
+                 # Both ArviZ APIs side by side, so that nuts.inference_data
+                 # is tested with each: 0.x as `arviz` (which the tutorial's
+                 # plots use), 1.x as arviz-base + arviz-stats (Python 3.11+).
+                 "arviz>=0.21,<1",
+                 "arviz-base>=0.8; python_version >= '3.11'",
+                 "arviz-stats>=0.8; python_version >= '3.11'",
                  # benchmarks/ess_models.py's models (tests/test_benchmarks_ess.py)
                  "inference-gym>=0.0.5"],
         # inference-gym: the ESS benchmark's models (their data ship with it).
-        "bench": ["matplotlib>=3.8", "tqdm>=4.66", "arviz>=0.21,<1",
+        "bench": ["matplotlib>=3.8", "tqdm>=4.66", "arviz>=0.21",
                   "inference-gym>=0.0.5"],
         # Stan's NUTS as a peer in benchmarks/nuts.py (needs a C++ compiler).
         "stan": ["pystan>=3.10"],

@@ -23,7 +23,7 @@ def install_cell(extra_requirements=()):
 
   Args:
     extra_requirements: pip requirement strings the notebook needs beyond
-      tfp_autobatch's own dependencies (e.g. "arviz>=0.21,<1").
+      tfp_autobatch's own dependencies (e.g. "arviz>=0.21").
   """
   packages = " ".join(['"git+$REPOSITORY"']
                       + [f'"{r}"' for r in extra_requirements])
