@@ -242,6 +242,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # `target_checks.check_target_compiles` checked: both shared by the
     # kernels of this target (`_shared_step`).
     self._compiled_step = None
+    # Momentum distribution's type spec -> the shared compiled step for it
+    # (`_shared_step`).
+    self._compiled_steps = {}
     # Shared with this kernel's copies (see `copy`).
     self._last_run_stats = [None]
     # (layout, tree settings) -> the batched program that last ran a step
@@ -519,17 +522,34 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     again, at each trace of the caller's function, reuses its traces and XLA's compilations. It traces the step
     of the kernel that calls it (`_STEPPING`), which builds what any of
     them would."""
-    if self._compiled_step is None:
-      self._compiled_step = shared_programs.shared_value(
-          self.target_log_prob_fn, ("compiled step",) + self._tree_settings(),
-          lambda call: tf.function(functools.partial(_step_of_caller),
+    distribution = previous_kernel_results.momentum_distribution
+    spec = _composite_spec(distribution)
+    if spec not in self._compiled_steps:
+      self._compiled_steps[spec] = shared_programs.shared_value(
+          self.target_log_prob_fn,
+          ("compiled step", spec) + self._tree_settings(),
+          lambda call: tf.function(functools.partial(_step_of_caller, spec),
                                    jit_compile=True, autograph=False))
+    self._compiled_step = self._compiled_steps[spec]
+    if spec is not None:
+      # The distribution enters as its tensors, rebuilt once inside, and
+      # leaves as the caller's own object: passed whole, a TFP distribution
+      # is rebuilt from its parts (all its constructors run) at each of
+      # tf.function's placeholder, variable-conversion and output-packing
+      # stages, a dozen times per trace of the step.
+      previous_kernel_results = previous_kernel_results._replace(
+          momentum_distribution=tf.nest.flatten(distribution,
+                                                expand_composites=True))
     token = _STEPPING.set(self)
     try:
       new_state, new_results, stats_tensors = self._compiled_step(
           current_state, previous_kernel_results, seed, first_chain)
     finally:
       _STEPPING.reset(token)
+    if spec is not None:
+      new_results = new_results._replace(momentum_distribution=distribution)
+      previous_kernel_results = previous_kernel_results._replace(
+          momentum_distribution=distribution)
     # What `_one_step` records, also where another kernel's call traced it:
     # eagerly the run statistics, read from the step's counts.
     _, _, _, layout = self._layout(current_state, previous_kernel_results)
@@ -730,15 +750,35 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
 _STEPPING = contextvars.ContextVar("nuts_stepping_kernel")
 
 
-def _step_of_caller(current_state, previous_kernel_results, seed,
-                    first_chain):
-  """The calling kernel's step, and its batched program's run counts."""
+def _step_of_caller(momentum_spec, current_state, previous_kernel_results,
+                    seed, first_chain):
+  """The calling kernel's step, and its batched program's run counts.
+  With `momentum_spec` (see `_composite_spec`) the results' momentum
+  distribution comes as its flat tensors and is rebuilt here, and the new
+  results leave it out (None): `_shared_step` puts the caller's back."""
   kernel = _STEPPING.get()
+  if momentum_spec is not None:
+    previous_kernel_results = previous_kernel_results._replace(
+        momentum_distribution=tf.nest.pack_sequence_as(
+            momentum_spec, previous_kernel_results.momentum_distribution,
+            expand_composites=True))
   new_state, new_results = kernel._one_step(   # pylint: disable=protected-access
       current_state, previous_kernel_results, seed, first_chain)
   _, _, _, layout = kernel._layout(current_state, previous_kernel_results)   # pylint: disable=protected-access
   (nuts_steps, _, _, _), _ = kernel._program(layout)   # pylint: disable=protected-access
+  if momentum_spec is not None:
+    new_results = new_results._replace(momentum_distribution=None)
   return new_state, new_results, nuts_steps.last_stats_tensors
+
+
+def _composite_spec(distribution):
+  """The `tf.TypeSpec` of a momentum distribution that is a composite
+  tensor (TFP's distributions are), by which `_shared_step` passes it as
+  its tensors; None for one that is not, which is passed as it is."""
+  try:
+    return tf.type_spec_from_value(distribution)
+  except TypeError:
+    return None
 
 
 def _raised_in(error, function):

@@ -7,10 +7,13 @@ import weakref
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 import nuts
 from nuts import shared_programs
 from tfp_autobatch import pipeline
+
+tfd = tfp.distributions
 
 INIT = np.random.RandomState(2).randn(3, 2)
 
@@ -235,3 +238,35 @@ def test_an_eager_pc_xla_step_runs_the_compiled_step_with_its_statistics():
                                 results.num_grads_computed)
   assert kernel.last_run_stats == compiled_stats
   assert compiled_stats.steps > 0 and compiled_stats.batch_size == len(INIT)
+
+
+def test_the_compiled_step_takes_the_momentum_distribution_as_its_tensors():
+  # pc:xla's compiled step takes the results' momentum distribution as its
+  # tensors and returns the caller's own object, instead of a TFP
+  # distribution rebuilt (every constructor run again) at each stage of
+  # tf.function's argument and result handling. A metric of another
+  # structure gets its own compiled step; the samples are those of the
+  # step run op by op (under a tape).
+  target, _ = make_target()
+  init = tf.constant(INIT)
+  kernel = nuts.NoUTurnSampler(target, 0.5, max_tree_depth=3)
+  start = kernel.bootstrap_results(init)
+  _, results = kernel.one_step(init, start, seed=[1, 2])
+  assert results.momentum_distribution is start.momentum_distribution
+  metric = tfd.MultivariateNormalDiag(
+      scale_diag=tf.constant([2., 0.5], tf.float64))
+  scaled = nuts.NoUTurnSampler(target, 0.5, max_tree_depth=3,
+                               momentum_distribution=metric)
+  scaled_start = scaled.bootstrap_results(init)
+  state, results = scaled.one_step(init, scaled_start, seed=[1, 2])
+  assert results.momentum_distribution is scaled_start.momentum_distribution
+  assert scaled._compiled_step is not kernel._compiled_step  # pylint: disable=protected-access
+  with tf.GradientTape():
+    taped, _ = scaled.one_step(init, scaled_start, seed=[1, 2])
+  np.testing.assert_allclose(state, taped, rtol=1e-12)
+  traced, traced_results = tf.function(scaled.one_step)(
+      init, scaled_start, seed=tf.constant([1, 2]))
+  np.testing.assert_allclose(traced, state, rtol=1e-12)
+  np.testing.assert_allclose(
+      traced_results.momentum_distribution.log_prob([init]),
+      scaled_start.momentum_distribution.log_prob([init]), rtol=1e-12)
