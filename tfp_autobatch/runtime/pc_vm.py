@@ -162,14 +162,7 @@ class PcVmRuntime:
       # VM (see `_concrete_for`); pc:graph in a graph without XLA traces in
       # it, under the tapes, which then differentiate through the VM.
       if not (eager or compiled_by_xla):
-        if tf.compat.v1.executing_eagerly_outside_functions():
-          outs = self.compiled_for(args)(*args)
-        else:
-          # In a `tf.compat.v1` graph, in place: TensorFlow's executor
-          # lowers the caller's nested while loops (`sample_chain`'s) to
-          # TF1 frames, and a function call inside them got a control edge
-          # from an outer loop's frame ("inputs from different frames").
-          outs = self._execute(list(args), eager=False)
+        outs = self.compiled_for(args)(*args)
       # (Eagerly only while a tape records: the wrapper's cost is a
       # large part of a small batch's call, `benchmarks.programs`.)
       elif (eager and self._differentiable is not None
