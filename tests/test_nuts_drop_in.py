@@ -131,6 +131,26 @@ def test_pc_xla_steps_as_pc_graph_in_a_v1_graph(mode):
                                 _in_mode(mode, build("pc:graph")))
 
 
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
+def test_a_step_in_a_v1_graph_is_plain_ops_of_that_graph(backend):
+  """In a tf.compat.v1 graph the batched program is traced in place, not
+  called as a function: TensorFlow lowered a stateful function call
+  inside sample_chain's nested loops with a control input from the outer
+  loop's frame and data from the inner one ("StatefulPartitionedCall has
+  inputs from different frames"), in some runs and not others (TFP's own
+  nuts_test testDivergence and testCorrelated2dNormalwithinMCError in
+  graph mode, run with our kernel). Without the call there is nothing
+  left to mis-frame."""
+  with tf.Graph().as_default() as graph:
+    kernel = nuts.NoUTurnSampler(_correlated_gaussian().log_prob, 0.5,
+                                 max_tree_depth=3, backend=backend)
+    state = tf.zeros([4, 2])
+    kernel.one_step(state, kernel.bootstrap_results(state), seed=[1, 2])
+  calls = [op.name for op in graph.get_operations()
+           if op.type in ("StatefulPartitionedCall", "PartitionedCall")]
+  assert not calls
+
+
 @pytest.mark.nightly
 def test_sample_chain_in_a_v1_graph_function_has_the_target_scales():
   """Issue 44's report as a user runs it: `sample_chain` with step-size

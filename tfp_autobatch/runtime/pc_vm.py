@@ -161,7 +161,10 @@ class PcVmRuntime:
       # A traced function to call: eagerly and wherever XLA compiles the
       # VM (see `_concrete_for`); pc:graph in a graph without XLA traces in
       # it, under the tapes, which then differentiate through the VM.
-      if not (eager or compiled_by_xla):
+      if not (eager or compiled_by_xla) and _in_v1_graph():
+        # Traced in place: see `_in_v1_graph`.
+        outs = self._traced(*args)
+      elif not (eager or compiled_by_xla):
         outs = self.compiled_for(args)(*args)
       # (Eagerly only while a tape records: the wrapper's cost is a
       # large part of a small batch's call, `benchmarks.programs`.)
@@ -391,8 +394,12 @@ class PcVmRuntime:
         # tensorflow/tensorflow#122886). A partial, as in
         # `compiled_for`: TF's retracing detector would count the loops
         # as one function traced again and again.
-        nxt, state = tf.function(functools.partial(loop),
-                                 autograph=False)(nxt, state)
+        if (_in_v1_graph() and self.mode == "graph"
+            and not pfor_conditions.in_xla_context()):
+          nxt, state = loop(nxt, state)   # see `_in_v1_graph`
+        else:
+          nxt, state = tf.function(functools.partial(loop),
+                                   autograph=False)(nxt, state)
       return nxt, state
     return tf.while_loop(lambda nxt, state: nxt < halt, body, start)
 
@@ -579,6 +586,18 @@ class PcVmRuntime:
             dispatch.writes.pack(layout.stacks.pack(
                 writes, z, dispatch.stack_capacity)), rows,
             _padded(members, layout.model_calls[dispatch.blocks]))
+
+
+def _in_v1_graph():
+  """Whether the VM is traced into a `tf.compat.v1` graph (run by a
+  Session). There it is traced in place, its loops too, not called as
+  `tf.function`s: TensorFlow lowers the caller's nested while loops
+  (`sample_chain`'s) to TF1 frames, and a stateful function call inside
+  them sometimes got a control input from the outer loop's frame and its
+  data from the inner one ("StatefulPartitionedCall has inputs from
+  different frames"), which graph lowering's order decided from run to
+  run. Traced in place, the VM is plain ops of the caller's loops."""
+  return not tf.compat.v1.executing_eagerly_outside_functions()
 
 
 def _static_batch_size(args):
