@@ -347,22 +347,23 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
           self.target_log_prob_fn, layout, self._tree_settings())
     return self._programs[layout]
 
-  def _chain_parameters(self, parts, structure, chain_ndims):
+  def _chain_parameters(self, parts, structure, chain_ndims, check=False):
     """Whether the target has parameters per chain
-    (`target_checks.chain_parameters`): asked once per state structure
-    and static shapes, for all the kernels of this target, where the
-    answer is known when traced (each call traces the target once more)."""
+    (`target_checks.chain_parameters`), asked once per state structure
+    and static shapes for all the kernels of this target (each asking
+    traces the target once more). `check` asks again all the same, as
+    `bootstrap_results` does: where the answer is known only when the
+    graph runs, the asking adds that graph's assertion."""
     def ask():
       return target_checks.chain_parameters(
           self.target_log_prob_fn, parts, structure, chain_ndims)
-    shapes = tuple(tuple(p.shape.as_list()) if p.shape.rank is not None
-                   else None for p in parts)
-    if any(s is None or None in s for s in shapes):
-      return ask()
+    answer = ask() if check else None
+    shapes = tuple(None if p.shape.rank is None else tuple(p.shape.as_list())
+                   for p in parts)
     return shared_programs.shared_value(
         self.target_log_prob_fn,
         ("chain parameters", structure, shapes, chain_ndims),
-        lambda call: ask())
+        lambda call: ask() if answer is None else answer)
 
   def _layout(self, state, kernel_results):
     """`(parts, structure, chain_ndims, layout)` of a state and the kernel
@@ -420,7 +421,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                            parts, structure)
     chain_states.check_log_density(logp, parts)
     chain_states.check_chain_rank(logp)
-    self._chain_parameters(parts, structure, logp.shape.rank)
+    self._chain_parameters(parts, structure, logp.shape.rank, check=True)
     chain_states.check_finite_start(logp)
     step_size = self.step_size
     chain_states.check_step_size(step_size, parts, logp.shape.rank)
