@@ -14,6 +14,13 @@ from nuts import shared_programs
 __all__ = ["chain_parameters", "check_target_compiles"]
 
 
+# Why a target called on all the chains at once needs their number.
+_CHAIN_COUNT_UNKNOWN = (
+    "and the number of chains is unknown where the kernel is traced: this "
+    "kernel calls such a target on all the chains at once, which needs "
+    "their number. Give your tf.function's state a static chain shape")
+
+
 def chain_parameters(target, parts, structure, chain_rank):
   """Whether the target must be called on all the chains at once: it has
   parameters per chain (given one chain it returns more than one value:
@@ -43,12 +50,9 @@ def chain_parameters(target, parts, structure, chain_rank):
     if num_chains is None:
       raise ValueError(
           "target_log_prob_fn failed on one chain's state (shapes "
-          f"{[x.shape.as_list() for x in one]}), and the number of chains "
-          "is unknown where the kernel is traced: this kernel calls such a "
-          "target on all the chains at once, which needs their number. "
-          "Give your tf.function's state a static chain shape, or let the "
-          "target take any number of chains (a tf.function "
-          f"input_signature leaving the chain dimension None). It raised: "
+          f"{[x.shape.as_list() for x in one]}), {_CHAIN_COUNT_UNKNOWN}, "
+          "or let the target take any number of chains (a tf.function "
+          "input_signature leaving the chain dimension None). It raised: "
           f"{e}") from e
     return True
   # [] is a squeezed [1]: a target ending in `tf.squeeze`, as TFP's
@@ -63,10 +67,7 @@ def chain_parameters(target, parts, structure, chain_rank):
       raise ValueError(
           "target_log_prob_fn has parameters per chain or takes a fixed "
           "number of chains (given one chain it returned shape "
-          f"{logp_one.shape.as_list()}), and the number of chains is "
-          "unknown where the kernel is traced: this kernel calls such a "
-          "target on all the chains at once, which needs their number. "
-          "Give your tf.function's state a static chain shape")
+          f"{logp_one.shape.as_list()}), {_CHAIN_COUNT_UNKNOWN}")
     return True
   tf.debugging.assert_equal(
       tf.size(logp_one),
