@@ -475,7 +475,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         self._xla_checked = shared_programs.shared_value(
             self.target_log_prob_fn, ("xla checked",), lambda call: set())
       target_checks.check_target_compiles(
-          self.target_log_prob_fn, current_state, previous_kernel_results,
+          self.target_log_prob_fn,
+          *self._layout(current_state, previous_kernel_results),
           self._xla_checked)
     # Read here, outside the shared compiled step, whose traces every
     # replica reuses.

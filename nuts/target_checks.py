@@ -8,7 +8,6 @@ import re
 
 import tensorflow as tf
 
-from nuts import chain_states
 from nuts import shared_programs
 
 __all__ = ["chain_parameters", "check_target_compiles"]
@@ -78,7 +77,8 @@ def chain_parameters(target, parts, structure, chain_rank):
   return False
 
 
-def check_target_compiles(target, current_state, kernel_results, checked):
+def check_target_compiles(target, parts, structure, chain_ndims, layout,
+                          checked):
   """Raises a ValueError if XLA cannot compile the target's log density
   and gradient as pc:xla runs them. pc:xla compiles every step, the
   target with it, even in a plain tf.function or eagerly, where
@@ -96,29 +96,37 @@ def check_target_compiles(target, current_state, kernel_results, checked):
   target that captures the caller's graph tensors cannot be lowered
   alone) are left to the step itself. `checked`: what was checked
   (state layouts, dtypes, whether the chain count is known), to which
-  this adds."""
-  parts, structure = chain_states.as_parts(current_state)
-  chain_ndims, layout = chain_states.layout(parts, structure, kernel_results)
-  # One chain, or any number where the VM will not know how many.
+  this adds. `parts`, `structure`, `chain_ndims` and `layout` are the
+  state's, as `chain_states.layout` gives them with the target's chain
+  parameters."""
+  # One chain, or any number where the VM will not know how many; all of
+  # them, in their shape, for a target the program calls on all at once
+  # (its `layout`'s chain shape: one chain could fail there, a target
+  # whose input_signature fixes the number of chains, and hide the rest).
+  chain_shape = layout[3]
   chains_known = parts[0].shape[:chain_ndims].is_fully_defined()
   key = (layout, parts[0].dtype, chains_known)
   if key in checked:
     return
-  def specs(rows):
-    return [tf.TensorSpec([rows] + p.shape[chain_ndims:].as_list(),
-                          p.dtype) for p in parts]
+  def specs(leading):
+    return [tf.TensorSpec(leading + p.shape[chain_ndims:].as_list(), p.dtype)
+            for p in parts]
+  if chain_shape is not None:
+    traced, lowered = specs(list(chain_shape)), specs(list(chain_shape))
+  else:
+    traced, lowered = specs([1 if chains_known else None]), specs([1])
   as_traced = tf.function(
       lambda *xs: shared_programs.value_and_grads(target, list(xs), structure),
-      input_signature=specs(1 if chains_known else None), autograph=False)
+      input_signature=traced, autograph=False)
   compiled = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
                          autograph=False)
   try:
     # Traced here (init_scope pauses gradient tapes), lowered outside the
     # caller's graph: given specs, the lowering makes inputs with random
     # ops, which would otherwise run at every step.
-    compiled.get_concrete_function(*specs(1))
+    compiled.get_concrete_function(*lowered)
     with tf.init_scope():
-      compiled.experimental_get_compiler_ir(*specs(1))(stage="hlo")
+      compiled.experimental_get_compiler_ir(*lowered)(stage="hlo")
   except Exception as e:  # pylint: disable=broad-except
     message = str(e)
     if "Detected unsupported operations" in message:

@@ -353,6 +353,17 @@ def test_a_target_xla_cannot_compile_on_pc_xla_is_a_clear_error():
     with pytest.raises(ValueError, match=r"XLA cannot compile "
                        r"\(PyFuncStateless\).*backend='pc:graph'"):
       step(init, results, seed=[1, 2])
+  # Also for a target that takes only all the chains (its input_signature
+  # fixes their number), which the check traces on all of them: on one
+  # chain it failed, and the check gave up and left XLA's error.
+  all_chains = nuts.NoUTurnSampler(
+      tf.function(target, input_signature=[tf.TensorSpec([4, 3],
+                                                         tf.float64)]),
+      0.4, max_tree_depth=3)
+  with pytest.raises(ValueError, match=r"XLA cannot compile "
+                     r"\(PyFuncStateless\)"):
+    all_chains.one_step(init, all_chains.bootstrap_results(init),
+                        seed=[1, 2])
   # A gradient that needs the number of chains as a constant shape
   # (tfb.CorrelationCholesky's). pc:xla traces the target for each number
   # of chains it calls it on, so the step runs (it failed with XLA's
