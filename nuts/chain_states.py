@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from nuts import state_structure
 
-__all__ = ["as_parts", "layout", "check_chain_rank", "check_log_density", "check_finite_start",
+__all__ = ["as_parts", "with_static_shapes", "layout", "check_chain_rank", "check_log_density", "check_finite_start",
            "broadcast_step_size", "check_step_size"]
 
 
@@ -43,6 +43,46 @@ def layout(parts, structure, kernel_results, metric=None,
   chain_shape = (tuple(int(d) for d in parts[0].shape[:chain_ndims])
                  if chain_parameters else None)
   return chain_ndims, (event_shapes, structure, metric, chain_shape)
+
+
+def with_static_shapes(state, grads=None):
+  """`state` with each part given the static shape it is known to have
+  when run, where its own is unknown where traced: that of its gradient in
+  `grads` (the kernel results' `grads_target_log_prob`, of the state's
+  shape), else, for a `tf.compat.v1.placeholder_with_default` of unknown
+  shape, its default's. The NUTS program is built for one event shape, as
+  TFP's kernel needs none: this lets a state fed as in TFP's tests (a
+  placeholder with a default, `shape=None`) run at the default's shape,
+  checked when the graph runs (`tf.ensure_shape`: feeding another shape
+  is an error there). `state` itself where nothing is learnt."""
+  parts, structure = as_parts(state)
+  if grads is not None and not isinstance(grads, (list, tuple)):
+    grads = [grads]
+  known = []
+  for i, part in enumerate(parts):
+    shape = part.shape
+    if grads is not None and shape.is_compatible_with(grads[i].shape):
+      shape = shape.merge_with(grads[i].shape)
+    if not shape.is_fully_defined() and _placeholder_default(part) is not None:
+      default = _placeholder_default(part).shape
+      if shape.is_compatible_with(default):
+        shape = shape.merge_with(default)
+    known.append(part if shape == part.shape
+                 else tf.ensure_shape(part, shape))
+  if all(k is p for k, p in zip(known, parts)):
+    return state
+  return structure.pack(known)
+
+
+def _placeholder_default(part):
+  """The default of a `tf.compat.v1.placeholder_with_default` (through
+  identities), or None for any other tensor."""
+  op = getattr(part, "op", None) if not tf.executing_eagerly() else None
+  while op is not None and op.type == "Identity":
+    op = op.inputs[0].op
+  if op is not None and op.type == "PlaceholderWithDefault":
+    return op.inputs[0]
+  return None
 
 
 def check_chain_rank(logp):
@@ -82,22 +122,25 @@ def check_log_density(logp, parts):
 
 
 def check_finite_start(logp):
-  """Raises if the initial log-probability is NaN or -inf at any chain,
-  naming the chains: eagerly a ValueError; traced, a graph assertion
-  (InvalidArgumentError when it runs), which XLA drops under
-  `jit_compile=True`, where nothing can raise."""
+  """`logp`, checked: raises if the initial log-probability is NaN or -inf
+  at any chain, naming the chains: eagerly a ValueError; traced, a graph
+  assertion (InvalidArgumentError when it runs), which XLA drops under
+  `jit_compile=True`, where nothing can raise. The returned log density
+  depends on the assertion, so that it runs in a `tf.compat.v1` graph too,
+  where nothing runs an op that no fetched tensor needs."""
   if not tf.executing_eagerly():
     # Flat, so that a log density of unknown rank (a state fed through
     # `placeholder_with_default` without a shape) is checked too.
     finite = tf.math.is_finite(tf.reshape(logp, [-1]))
-    tf.debugging.Assert(
+    check = tf.debugging.Assert(
         tf.reduce_all(finite),
         ["target_log_prob_fn is not finite at the initial state of the "
          "chains with these (flat) indices; start them inside the support:",
          tf.where(~finite), "values:",
          tf.boolean_mask(tf.reshape(logp, [-1]), ~finite)],
         summarize=10, name="check_finite_start")
-    return
+    with tf.control_dependencies([check]):
+      return tf.identity(logp)
   bad = ~np.isfinite(np.asarray(logp))
   if bad.any():
     chains = [tuple(int(i) for i in idx) if len(idx) != 1 else int(idx[0])
@@ -107,6 +150,7 @@ def check_finite_start(logp):
         "target_log_prob_fn is not finite at the initial state of chain(s) "
         f"{chains[:10]}{' ...' if len(chains) > 10 else ''} (values "
         f"{values[:10].tolist()}); start those chains inside the support")
+  return logp
 
 
 def _step_parts(step_size, num_parts):

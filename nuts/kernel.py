@@ -410,7 +410,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         size is not positive or does not broadcast, or the log density
         has the wrong shape or dtype.
     """
-    parts, structure = chain_states.as_parts(init_state)
+    parts, structure = chain_states.as_parts(
+        chain_states.with_static_shapes(init_state))
     # Fresh tensors: a distribution's `log_prob` of the very tensor its
     # `sample` returned reads its bijectors' cache instead of the tensor
     # (`init = dist.sample(n)`), and the gradient would be None. (The
@@ -422,7 +423,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     chain_states.check_log_density(logp, parts)
     chain_states.check_chain_rank(logp)
     self._chain_parameters(parts, structure, logp.shape.rank, check=True)
-    chain_states.check_finite_start(logp)
+    logp = chain_states.check_finite_start(logp)
     step_size = self.step_size
     chain_states.check_step_size(step_size, parts, logp.shape.rank)
     zeros = tf.zeros_like(logp)
@@ -470,6 +471,8 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
       structure.
     """
     seed = tfp.random.sanitize_seed(seed)
+    current_state = chain_states.with_static_shapes(
+        current_state, previous_kernel_results.grads_target_log_prob)
     if self._step_backend() == "pc:xla":
       if self._xla_checked is None:
         self._xla_checked = shared_programs.shared_value(

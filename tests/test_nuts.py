@@ -671,6 +671,15 @@ def test_non_finite_initial_log_prob_names_the_chain():
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match=r"(?s)not finite.*\[\[2\]\].*-inf"):
     bootstrap(tf.constant(init))
+  # And in a tf.compat.v1 graph, where an assertion that no fetched tensor
+  # needs never ran.
+  with tf.Graph().as_default():
+    results = nuts.NoUTurnSampler(target, 0.1).bootstrap_results(
+        tf.constant(init))
+    with tf.compat.v1.Session() as session:
+      with pytest.raises(tf.errors.InvalidArgumentError,
+                         match=r"(?s)not finite.*\[\[2\]\].*-inf"):
+        session.run(results.target_log_prob)
 
 
 def test_bad_settings_are_rejected():

@@ -62,11 +62,12 @@ def test_a_squeezed_target_with_a_parameter_per_chain(mode):
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph"])
-def test_a_state_of_unknown_shape(mode):
+@pytest.mark.parametrize("shape", [[None, 2], None])
+def test_a_state_of_unknown_shape(mode, shape):
   """A state fed through placeholder_with_default: with the chain and
-  event dimensions known it runs; with none known, a clear error (the
-  NUTS program is built for one event shape)."""
-  def build(shape):
+  event dimensions known it runs; with none known (`shape=None`, as in
+  TFP's testDynamicShape) it runs at the default's shape."""
+  def build():
     init = tf.compat.v1.placeholder_with_default(np.zeros([4, 2], np.float32),
                                                  shape=shape)
     dist = tfd.MultivariateNormalDiag(scale_diag=[1., 2.])
@@ -74,12 +75,32 @@ def test_a_state_of_unknown_shape(mode):
     results = kernel.bootstrap_results(init)
     state, results = kernel.one_step(init, results, seed=[1, 2])
     return state, results.target_log_prob, dist.log_prob(state)
-  state, logp, expected = _in_mode(mode, lambda: build([None, 2]))
+  state, logp, expected = _in_mode(mode, build)
   assert state.shape == (4, 2)
   np.testing.assert_allclose(logp, expected, rtol=1e-5)
-  if mode == "graph":
-    with pytest.raises(ValueError, match="placeholder_with_default"):
-      _in_mode(mode, lambda: build(None))
+
+
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
+def test_sample_chain_on_a_state_of_unknown_rank_in_a_v1_graph(backend):
+  """TFP's testDynamicShape: `sample_chain` from a placeholder with a
+  default and `shape=None`, in a v1 graph (the loop's state has no static
+  shape either; its gradient in the kernel results has). It failed saying
+  the rank is unknown. It samples at the default's shape; another shape
+  fed is an error when the graph runs, the program being built for one."""
+  with tf.Graph().as_default():
+    init = tf.compat.v1.placeholder_with_default(np.zeros([5, 3], np.float32),
+                                                 shape=None)
+    kernel = nuts.NoUTurnSampler(
+        tfd.Independent(tfd.Normal(tf.zeros(3), 1.), 1).log_prob, 0.1,
+        backend=backend)
+    draws = tfp.mcmc.sample_chain(7, init, kernel=kernel, trace_fn=None,
+                                  seed=[1, 2])
+    with tf.compat.v1.Session() as session:
+      got = session.run(draws)
+      assert got.shape == (7, 5, 3) and np.all(np.isfinite(got))
+      assert np.all(got[-1] != 0.)   # the chains moved
+      with pytest.raises(tf.errors.InvalidArgumentError, match="shape"):
+        session.run(draws, {init: np.zeros([2, 3], np.float32)})
 
 
 _COVARIANCE = np.array([[1., 1.8], [1.8, 4.]], np.float32)
