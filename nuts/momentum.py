@@ -170,7 +170,9 @@ def structure_dtype(distribution):
 
 def _log_prob(distribution, parts):
   """The distribution's log density at the flat list of momentum parts,
-  packed in the distribution's structure."""
+  packed in the distribution's structure, up to a constant: its readers
+  take its derivatives and differences only (see
+  `_gaussian_log_prob_less_constant`)."""
   value = tf.nest.pack_sequence_as(structure_dtype(distribution),
                                    list(parts))
   return _log_prob_uncached(distribution, value)
@@ -192,7 +194,8 @@ def _log_prob_uncached(dist, value):
   if reshape is None:
     if inner is not dist:   # a bare BatchBroadcast
       return _log_prob_uncached(inner, value)
-    return dist.log_prob(value)
+    quadratic = _gaussian_log_prob_less_constant(dist, value)
+    return dist.log_prob(value) if quadratic is None else quadratic
   out_rank = tf.size(reshape.parameters["event_shape_out"])
   batch_shape = tf.shape(value)[:tf.rank(value) - out_rank]
   flat = tf.reshape(value, tf.concat(
@@ -200,6 +203,28 @@ def _log_prob_uncached(dist, value):
       0))
   # A reshape's log-determinant is zero.
   return _log_prob_uncached(inner, flat)
+
+
+def _gaussian_log_prob_less_constant(dist, value):
+  """For a Gaussian given by a linear operator (a precision factor F,
+  precision F F^T, or a scale S, precision S^-T S^-1), its log density
+  less its normalising constant: -|F^T (x - loc)|^2 / 2 or
+  -|S^-1 (x - loc)|^2 / 2. The constant needs the operator's
+  log-determinant, for which XLA has no kernel where the operator is a
+  full matrix (LogMatrixDeterminant), and pc:xla compiles the metric's
+  reading into every step. None for other distributions."""
+  pfl = tfp.experimental.distributions.MultivariateNormalPrecisionFactorLinearOperator  # pylint: disable=line-too-long
+  if isinstance(dist, pfl):
+    loc = dist.loc
+    centred = value if loc is None else value - loc
+    z = dist.precision_factor.matvec(centred, adjoint=True)
+  elif isinstance(dist, tfd.MultivariateNormalLinearOperator):
+    loc = dist.loc
+    centred = value if loc is None else value - loc
+    z = dist.scale.solvevec(centred)
+  else:
+    return None
+  return -0.5 * tf.reduce_sum(tf.square(z), -1)
 
 
 def _check_structure(distribution, parts):

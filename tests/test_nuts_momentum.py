@@ -36,6 +36,35 @@ def test_diagonal_and_dense_metrics_of_one_matrix_give_the_same_draws():
   assert np.all(np.abs(draws[0][0] - init.numpy()).mean(0) > 0.1 * SCALES)
 
 
+def test_a_precision_factor_that_is_a_full_matrix_runs_on_pc_xla():
+  """TFP's PreconditionedNoUTurnSampler tests pass a precision factor that
+  is a full, not triangular, matrix (the symmetric square root of the
+  precision). Its log density's constant is a log-determinant, which XLA
+  cannot compile (LogMatrixDeterminant): pc:xla, the default, failed on
+  it. Any factor of one precision gives the same draws."""
+  target = tfd.MultivariateNormalTriL(
+      loc=tf.constant([0., 0.], tf.float64),
+      scale_tril=tf.constant([[1., 0.], [0.5, 2.]], tf.float64))
+  precision = np.linalg.inv(target.covariance().numpy())
+  w, v = np.linalg.eigh(precision)
+  factors = [tf.linalg.LinearOperatorFullMatrix(v @ np.diag(np.sqrt(w)) @ v.T),
+             tf.linalg.LinearOperatorLowerTriangular(
+                 np.linalg.cholesky(precision))]
+  init = tf.constant(np.random.RandomState(3).randn(4, 2))
+  draws = []
+  for factor in factors:
+    metric = (tfp.experimental.distributions
+              .MultivariateNormalPrecisionFactorLinearOperator(
+                  precision_factor=factor))
+    kernel = nuts.NoUTurnSampler(target.log_prob, 0.8,
+                                 momentum_distribution=metric)
+    state, _ = kernel.one_step(init, kernel.bootstrap_results(init),
+                               seed=[5, 6])
+    draws.append(state.numpy())
+  np.testing.assert_allclose(draws[0], draws[1], rtol=1e-6)
+  assert np.all(draws[0] != init.numpy())
+
+
 def _moments_from_exact_draws(metric, cov, seed):
   """Mean and covariance of 2 steps of 400 chains started at exact draws
   of N(0, cov): NUTS leaves the target invariant, so they are exact."""
