@@ -552,22 +552,32 @@ def test_a_target_with_parameters_per_chain_samples_each_chains_scale():
 def test_a_target_that_takes_only_all_the_chains():
   # A tf.function whose input_signature fixes the chain count, which
   # tfp.mcmc.NoUTurnSampler runs: refused (it fails on one chain); now
-  # called on all the chains at once. With the chain count unknown where
-  # the kernel is traced, a clear error.
+  # called on all the chains at once.
   fixed = tf.function(gaussian_log_prob,
                       input_signature=[tf.TensorSpec([4, 3], tf.float64)])
   kernel = nuts.NoUTurnSampler(fixed, 0.3, max_tree_depth=3,
                                backend="pc:graph")
   state, results = tf.constant(INIT), kernel.bootstrap_results(INIT)
-  state, results = kernel.one_step(state, results, seed=[1, 2])
+  known_state, results = kernel.one_step(state, results, seed=[1, 2])
   np.testing.assert_allclose(results.target_log_prob,
-                             gaussian_log_prob(state), rtol=1e-10)
+                             gaussian_log_prob(known_state), rtol=1e-10)
+  # Traced with the chain count unknown, it runs as TFP's kernel does:
+  # calling such a tf.function gives its argument the signature's shape,
+  # and one_step gives the state that of its gradient.
   unknown_count = tf.function(
       lambda x: kernel.one_step(x, kernel.bootstrap_results(x), seed=[1, 2]),
       input_signature=[tf.TensorSpec([None, 3], tf.float64)])
+  unknown_state, _ = unknown_count(INIT)
+  np.testing.assert_allclose(unknown_state, known_state, rtol=1e-10)
+  # A target that fixes the count and reveals it to no caller, traced
+  # with the chain count unknown: a clear error.
+  def only_four(x):
+    return gaussian_log_prob(tf.ensure_shape(x, [4, 3]))
+  kernel = nuts.NoUTurnSampler(only_four, 0.3, backend="pc:graph")
   with pytest.raises(ValueError, match=r"fixed number of chains.*shape "
                      r"\[4\].*number of chains is unknown"):
-    unknown_count(INIT)
+    tf.function(kernel.bootstrap_results, input_signature=[
+        tf.TensorSpec([None, 3], tf.float64)])(INIT)
 
 
 def test_parameters_per_chain_with_a_chain_count_unknown_when_traced():
