@@ -26,6 +26,9 @@ and runs each step as one `strategy.run` of the adaptation kernel's
   its steps from the chunk's seed (read off a kernel that records them),
   and the kernel keys chains by their global index, so the sharded run
   draws what the unsharded run of the same chains draws.
+* The kernel results cross each `strategy.run` as their flat tensors
+  (`nuts.replicas.FlatResults`): rebuilding the momentum distribution they
+  carry at every step cost more than the step.
 """
 import functools
 
@@ -94,7 +97,8 @@ class ReplicaSteps:
     self._across_hosts = (len(strategy.extended.worker_devices)
                           < strategy.num_replicas_in_sync)
     self._state = None      # distributed: each replica's chains
-    self._results = None    # distributed
+    self._results = None    # distributed, flat (`self._flat`)
+    self._flat = replicas.FlatResults()
     self._compiled = {}
 
   @classmethod
@@ -138,11 +142,12 @@ class ReplicaSteps:
   def _replica_bootstrap(self, run, state, step_size, precisions,
                          num_adaptation_steps):
     state = self._local_chains(state)
-    return state, run._bootstrap(   # pylint: disable=protected-access
-        state, step_size, precisions, num_adaptation_steps)
+    return state, self._flat.flatten(run._bootstrap(   # pylint: disable=protected-access
+        state, step_size, precisions, num_adaptation_steps))
 
   def _replica_step(self, run, state, results, precisions,
                     num_adaptation_steps, is_adapting, seed):
+    results = self._flat.pack(results)
     kernel = run._kernel(   # pylint: disable=protected-access
         _innermost(results).step_size, precisions, state,
         num_adaptation_steps)
@@ -152,7 +157,7 @@ class ReplicaSteps:
     shown = (state, trace)
     if self._across_hosts:
       shown = self._all_gather(shown)
-    return state, shown, results
+    return state, shown, self._flat.flatten(results)
 
   def _is_per_chain(self, x):
     return bool(x.shape.rank) and x.shape[0] == self.local_chains
@@ -190,6 +195,9 @@ class ReplicaSteps:
       return self._first(value)
     return replicas.local_chains(self.strategy, value, self._is_per_chain)
 
+  def _first_results(self):
+    return self._flat.pack(self._first(self._results))
+
   def _first(self, value):
     return tf.nest.map_structure(
         lambda x: self.strategy.experimental_local_results(x)[0], value)
@@ -204,7 +212,7 @@ class ReplicaSteps:
       self._state, self._results = self._run(
           "_replica_bootstrap", run, state, step_size, precisions,
           num_adaptation_steps)
-      return self._first(self._results)
+      return self._first_results()
     num_steps, _, _, precisions, num_adaptation_steps, is_adapting, seed = args
     states, traces = [], []
     for step_seed in tf.unstack(sample_chain_step_seeds(num_steps, seed)):
@@ -216,7 +224,7 @@ class ReplicaSteps:
       traces.append(trace)
     return (tf.nest.map_structure(_stack, *states),
             tf.nest.map_structure(_stack, *traces),
-            self._first(self._results))
+            self._first_results())
 
 
 def _stack(*steps):
