@@ -117,22 +117,27 @@ class FlatResults:
   """
 
   def __init__(self):
-    self._structures = {}
-
-  @staticmethod
-  def _key(flat):
-    return tuple((x.dtype, tuple(x.shape.as_list())
-                  if x.shape.rank is not None else None) for x in flat)
+    self._structures = []   # (dtypes, shapes, structure), latest first
 
   def flatten(self, results):
     flat = tf.nest.flatten(results, expand_composites=True)
-    self._structures[self._key(flat)] = results
+    self._structures.insert(0, ([x.dtype for x in flat],
+                                [x.shape for x in flat], results))
     return flat
 
   def pack(self, flat):
+    """The structure of `flat`: the latest one `flatten` gave for the same
+    dtypes and compatible static shapes (a trace may know fewer
+    dimensions than the tensors it later gets)."""
     flat = list(flat)
-    return tf.nest.pack_sequence_as(self._structures[self._key(flat)], flat,
-                                    expand_composites=True)
+    for dtypes, shapes, structure in self._structures:
+      if (dtypes == [x.dtype for x in flat]
+          and all(s.is_compatible_with(x.shape)
+                  for s, x in zip(shapes, flat))):
+        return tf.nest.pack_sequence_as(structure, flat,
+                                        expand_composites=True)
+    raise ValueError("these kernel results were not flattened by this "
+                     "FlatResults")
 
 
 # The compiled bootstrap and step of each kernel and trace_fn: a later call
