@@ -8,12 +8,13 @@ replicas' chains cannot run inside `tfp.mcmc.sample_chain` under
 one `strategy.run` of the kernel's compiled `one_step` per step, every
 replica given the same step seed (the kernel tells chains apart by their
 global index, `experimental_chain_axis_names`). The kernel results cross
-each `strategy.run` as their flat tensors (`FlatResults`). A step whose all-reduce
-fails because a peer died or stopped answering (within the strategy's
+each `strategy.run` as their flat tensors (`FlatResults`). A step whose
+all-reduce fails because a peer died or stopped answering (within the strategy's
 `CommunicationOptions(timeout_seconds=...)`) raises `ReplicaLostError`
 naming the step.
 """
 import collections
+import functools
 import weakref
 
 import tensorflow as tf
@@ -77,13 +78,13 @@ def sample_chain(strategy, num_results, current_state, kernel, seed,
     current_state = strategy.experimental_distribute_values_from_function(
         current_state)
   state = current_state
-  _, bootstrap, step, flatten, pack = _compiled(kernel, trace_fn)
+  bootstrap, step, flatten, pack = _compiled(kernel, trace_fn)
   if previous_kernel_results is None:
     results = run_on_replicas(strategy, bootstrap, (state,),
                               "bootstrap_results")
   else:
     results = run_on_replicas(strategy, flatten, (previous_kernel_results,),
-                              "bootstrap_results")
+                              "reading previous_kernel_results")
   seeds = tfp.random.split_seed(tfp.random.sanitize_seed(seed), num_results)
   states, traces = [], []
   for i in range(num_results):
@@ -109,9 +110,8 @@ class FlatResults:
   A `tf.function` called eagerly rebuilds every composite it returns at
   each call: the momentum distribution our kernel results carry (TFP
   distributions and bijectors, built anew through their constructors)
-  cost about 10 ms a call, three times the step itself on a 100-d
-  Gaussian at 16 chains; a driver that runs one `strategy.run` per step
-  paid it at every step. `flatten` (inside a replica function) gives the
+  costs more than a step on a cheap target, and a driver that runs one
+  `strategy.run` per step paid it at every step. `flatten` (inside a replica function) gives the
   flat list and remembers the structure; `pack` rebuilds the structure of
   a flat list `flatten` gave, by the list's dtypes and static shapes.
   """
@@ -146,9 +146,9 @@ _COMPILED = weakref.WeakKeyDictionary()
 
 
 def _compiled(kernel, trace_fn):
-  """`(flat_results, bootstrap, step, flatten, pack)`: the compiled
-  replica functions of `kernel` and `trace_fn`, the results crossing them
-  as `flat_results` gives them (a `FlatResults`)."""
+  """`(bootstrap, step, flatten, pack)`: the compiled replica functions
+  of `kernel` and `trace_fn`, the results crossing them as one
+  `FlatResults` flattens them."""
   per_trace = _COMPILED.setdefault(kernel, {})
   if trace_fn not in per_trace:
     # Weakly: the cache's values must not keep their key alive.
@@ -166,9 +166,8 @@ def _compiled(kernel, trace_fn):
 
     def pack_fn(*flat):
       return flat_results.pack(flat)
-    compiled = lambda fn: tf.function(fn, autograph=False)   # pylint: disable=unnecessary-lambda-assignment
-    per_trace[trace_fn] = (flat_results, compiled(bootstrap_fn),
-                           compiled(step_fn),
+    compiled = functools.partial(tf.function, autograph=False)
+    per_trace[trace_fn] = (compiled(bootstrap_fn), compiled(step_fn),
                            compiled(flat_results.flatten), compiled(pack_fn))
   return per_trace[trace_fn]
 

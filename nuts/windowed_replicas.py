@@ -27,8 +27,8 @@ and runs each step as one `strategy.run` of the adaptation kernel's
   and the kernel keys chains by their global index, so the sharded run
   draws what the unsharded run of the same chains draws.
 * The kernel results cross each `strategy.run` as their flat tensors
-  (`nuts.replicas.FlatResults`): rebuilding the momentum distribution they
-  carry at every step cost more than the step.
+  (`nuts.replicas.FlatResults`): returned whole, the momentum distribution
+  they carry was rebuilt at every step.
 """
 import functools
 
@@ -142,8 +142,9 @@ class ReplicaSteps:
   def _replica_bootstrap(self, run, state, step_size, precisions,
                          num_adaptation_steps):
     state = self._local_chains(state)
-    return state, self._flat.flatten(run._bootstrap(   # pylint: disable=protected-access
-        state, step_size, precisions, num_adaptation_steps))
+    results = run._bootstrap(   # pylint: disable=protected-access
+        state, step_size, precisions, num_adaptation_steps)
+    return state, self._flat.flatten(results)
 
   def _replica_step(self, run, state, results, precisions,
                     num_adaptation_steps, is_adapting, seed):

@@ -317,10 +317,9 @@ def test_sample_chain_steps_do_not_rebuild_the_results_momentum_distribution(
     monkeypatch):
   # One strategy.run per step: the step's tf.function, called eagerly,
   # rebuilt every composite it returned, the momentum distribution the
-  # kernel results carry among them (about 10 ms a step, more than the
-  # step on a 100-d Gaussian at 16 chains). The results now cross
-  # strategy.run as their flat tensors: the distribution is built when
-  # a call starts or ends, not at every step.
+  # kernel results carry among them. The results now cross strategy.run
+  # as their flat tensors: the distribution is built when a call starts
+  # or ends, not at every step.
   kernel = tfp.mcmc.DualAveragingStepSizeAdaptation(
       nuts.NoUTurnSampler(_normal, 0.5, max_tree_depth=3,
                           backend="pc:graph"), num_adaptation_steps=5)
