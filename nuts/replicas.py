@@ -9,9 +9,9 @@ one `strategy.run` of the kernel's compiled `one_step` per step, every
 replica given the same step seed (the kernel tells chains apart by their
 global index, `experimental_chain_axis_names`). The kernel results cross
 each `strategy.run` as their flat tensors (`FlatResults`). A step whose
-all-reduce fails because a peer died or stopped answering (within the strategy's
-`CommunicationOptions(timeout_seconds=...)`) raises `ReplicaLostError`
-naming the step.
+all-reduce fails because a peer died or stopped answering (within the
+strategy's `CommunicationOptions(timeout_seconds=...)`) raises
+`ReplicaLostError` naming the step.
 """
 import collections
 import functools
@@ -111,9 +111,10 @@ class FlatResults:
   each call: the momentum distribution our kernel results carry (TFP
   distributions and bijectors, built anew through their constructors)
   costs more than a step on a cheap target, and a driver that runs one
-  `strategy.run` per step paid it at every step. `flatten` (inside a replica function) gives the
-  flat list and remembers the structure; `pack` rebuilds the structure of
-  a flat list `flatten` gave, by the list's dtypes and static shapes.
+  `strategy.run` per step paid it at every step. `flatten` (inside a
+  replica function) gives the flat list and remembers the structure;
+  `pack` rebuilds the structure of a flat list `flatten` gave, by the
+  list's dtypes and static shapes.
   """
 
   def __init__(self):
