@@ -79,28 +79,39 @@ def test_model_outputs_stop_xla_constant_inference_at_no_cost():
   assert batched_primitive_calls.opaque_to_constant_inference([]) == []
 
 
-def test_one_member_needs_no_member_buckets():
-  # At batch size 1 a model call runs on its one row or not at all: the
-  # compiled VM gathers no members (the stable sort that finds them is
-  # there at batch size 4) and schedules by reading the member's pc.
+def test_a_few_members_need_no_member_buckets():
+  # Up to ALL_ROWS_UP_TO rows a model call runs on all of them or not at
+  # all: the compiled VM gathers no members (the stable sort that finds
+  # them is there at batch size 8) and traces the model for one size only.
   def sorts(n):
     runtime = pipeline.runtime(model_first, INT, "pc:xla")
     args = [tf.constant(n, tf.int32)]
     hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
         stage="hlo")
     return [line for line in hlo.splitlines() if " sort(" in line]
-  assert sorts(np.arange(4))
+  assert batched_primitive_calls.ALL_ROWS_UP_TO == 4
+  assert sorts(np.arange(8))
+  assert not sorts(np.arange(4))
   assert not sorts(np.array([3]))
   np.testing.assert_array_equal(model_first(np.array([3], np.int32),
                                             backend="pc:xla"), [12])
+  # model_first(n) on n = 0..3 calls the model with 4, 3, 2, 1 members:
+  # every call computes all 4 rows, and the results are the members' own.
+  n = np.arange(4, dtype=np.int32)
+  np.testing.assert_array_equal(model_first(n, backend="pc:xla"),
+                                n * (n + 1))
+  assert model_first.last_stats.batched_primitive_rows == 4 * 4
+  assert model_first.last_stats.batched_primitive_members == {
+      4: 1, 3: 1, 2: 1, 1: 1}
 
 
 def test_member_buckets_halve_the_batch_down_to_one_row():
   sizes = batched_primitive_calls.member_bucket_sizes
   assert sizes(None, 256) == [128, 64, 32, 16, 8, 4, 2, 1]
   assert sizes(None, 13) == [7, 4, 2, 1]
-  assert sizes(None, 2) == [1]
-  assert sizes(None, 1) == []
+  assert sizes(None, 5) == [3, 2, 1]
+  # Up to ALL_ROWS_UP_TO rows, none: every call runs on all of them.
+  assert sizes(None, 4) == sizes(None, 2) == sizes(None, 1) == []
   # A batch size unknown at trace time: a fixed number of sizes.
   z = tf.constant(13)
   assert [int(s) for s in sizes(z, None)] == [7, 4, 2]

@@ -208,9 +208,9 @@ def test_every_backend_gives_the_same_samples(fused_step, backend):
   # gradient calls computed, traced or not. pc:eager and pc:graph compute
   # exactly the chains that reach a call (build_tree's base case calls the
   # gradient once, then a second time guarded: for a two-leaf subtree
-  # whose first leaf was valid for some chain). pc:xla computes a call's
-  # members gathered into 1, 2 or 4 rows (the buckets of 4 chains), at
-  # least one per member. Before the eager and graph modes gathered, they
+  # whose first leaf was valid for some chain). pc:xla computes all 4 rows
+  # of a call with members (no buckets at 4 chains), at least one per
+  # member. Before the eager and graph modes gathered, they
   # computed all 4 rows of every call: `most` below.
   computed = int(other_results.num_grads_computed)
   assert computed >= int(np.sum(results.leapfrogs_taken))

@@ -95,9 +95,9 @@ def test_early_return_after_the_model_runs_the_next_model_call_guarded():
   guarded = ir2.Block("b", tuple(op for op in after.blocks[0].ops
                                  if isinstance(op, ir2.Guarded)), ir2.Return())
   assert ir2.calls_batched_primitive(guarded)
-  # Rows the model computed: every backend runs the guarded call on its 2
-  # members only (under XLA a bucket of 4 / 2 rows), after the first call
-  # on all 4.
+  # Rows the model computed: pc:eager and pc:graph run the guarded call on
+  # its 2 members only, after the first call on all 4; pc:xla runs both on
+  # all 4 rows (no buckets up to `ALL_ROWS_UP_TO` rows).
   rows = {}
   for backend in ("pc:eager", "pc:graph", "pc:xla"):
     np.testing.assert_array_equal(model_test_model(n, backend=backend),
@@ -105,7 +105,7 @@ def test_early_return_after_the_model_runs_the_next_model_call_guarded():
     rows[backend] = model_test_model.last_stats.batched_primitive_rows
     assert model_test_model.last_stats.batched_primitive_members == {
         4: 1, 2: 1}, backend
-  assert rows == {"pc:eager": 6, "pc:graph": 6, "pc:xla": 6}
+  assert rows == {"pc:eager": 6, "pc:graph": 6, "pc:xla": 8}
   # When every row returns early, no backend runs the guarded call: only
   # the first call's 4 rows are computed (pc:xla used to run its smallest
   # bucket anyway).

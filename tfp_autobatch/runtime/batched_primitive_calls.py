@@ -25,14 +25,26 @@ import tensorflow as tf
 # must be fixed before Z is known).
 UNKNOWN_BATCH_SIZE_BUCKETS = (2, 4, 8)
 
+# Up to this many rows there are no buckets: a call with members runs on
+# all Z rows. Each bucket size traces the model (and its gradient) once
+# more and compiles it once more, which on Inference Gym models costs
+# seconds of the first call, while on a few rows a model costs about the
+# same whatever their number: at 4 chains, NUTS's first call was 10-26%
+# shorter on eight_schools, brownian_motion and the logistic regression
+# (the same on the 100-d Gaussian), and the sampling time the same
+# (`python -m benchmarks.ess --chains=4`).
+ALL_ROWS_UP_TO = 4
+
 
 def member_bucket_sizes(z, static_z):
   """The bucket sizes below the batch size, largest first: the halvings of
-  `static_z` (rounded up) down to 1, none at one row; with `static_z`
-  None, `z` (a tensor) divided by `UNKNOWN_BATCH_SIZE_BUCKETS`, rounded
-  up."""
+  `static_z` (rounded up) down to 1, none up to `ALL_ROWS_UP_TO` rows;
+  with `static_z` None, `z` (a tensor) divided by
+  `UNKNOWN_BATCH_SIZE_BUCKETS`, rounded up."""
   if static_z is None:
     return [(z + d - 1) // d for d in UNKNOWN_BATCH_SIZE_BUCKETS]
+  if static_z <= ALL_ROWS_UP_TO:
+    return []
   sizes, size = [], static_z
   while size > 1:
     size = (size + 1) // 2
@@ -48,8 +60,8 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   are junk, which the block discards. With no members (a guarded call
   whose guard holds for none) it computes nothing and returns `skip()`.
   Only under XLA, where the bucket sizes are compile-time constants (Z is
-  static once compiled). At one chain there are no buckets: the call runs
-  on its one row, or not at all."""
+  static once compiled). Up to `ALL_ROWS_UP_TO` rows there are no
+  buckets: the call runs on every row, or not at all."""
   count = tf.reduce_sum(tf.cast(members, tf.int32))
   sizes = member_bucket_sizes(z, members.shape[0])
 
