@@ -32,7 +32,10 @@ UNKNOWN_BATCH_SIZE_BUCKETS = (2, 4, 8)
 # same whatever their number: at 4 chains, NUTS's first call was 10-26%
 # shorter on eight_schools, brownian_motion and the logistic regression
 # (the same on the 100-d Gaussian), and the sampling time the same
-# (`python -m benchmarks.ess --chains=4`).
+# (`python -m benchmarks.ess --chains=4`). A call on every row cannot
+# tell a primitive that does not map row by row (one with a parameter per
+# batch row) by its number of rows, as a gathered call does
+# (`vectorize._with_rows`): that error then shows from 5 rows on.
 ALL_ROWS_UP_TO = 4
 
 
