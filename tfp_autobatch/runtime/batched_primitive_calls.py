@@ -25,17 +25,15 @@ import tensorflow as tf
 # must be fixed before Z is known).
 UNKNOWN_BATCH_SIZE_BUCKETS = (2, 4, 8)
 
-# Up to this many rows there are no buckets: a call with members runs on
-# all Z rows. Each bucket size traces the model (and its gradient) once
-# more and compiles it once more, which on Inference Gym models costs
-# seconds of the first call, while on a few rows a model costs about the
-# same whatever their number: at 4 chains, NUTS's first call was 10-26%
-# shorter on eight_schools, brownian_motion and the logistic regression
-# (the same on the 100-d Gaussian), and the sampling time the same
-# (`python -m benchmarks.ess --chains=4`). A call on every row cannot
-# tell a primitive that does not map row by row (one with a parameter per
-# batch row) by its number of rows, as a gathered call does
-# (`vectorize._with_rows`): that error then shows from 5 rows on.
+# Up to this many rows there are no buckets: a call with members runs on all
+# Z rows. Each bucket size traces the model (and its gradient) once more and
+# compiles it once more, which on Inference Gym models costs seconds of the
+# first call, while on a few rows a model costs about the same whatever their
+# number, so NUTS's draws take as long without them (docs/benchmarks.md, "No
+# buckets up to 4 chains"). A call on every row cannot tell a primitive that
+# does not map row by row (one with a parameter per batch row) by its number
+# of rows, as a gathered call does (`vectorize._with_rows`): that error then
+# shows from 5 rows on.
 ALL_ROWS_UP_TO = 4
 
 

@@ -87,7 +87,8 @@ class RunStats:
     counted). A call computes its members gathered: exactly their rows
     under pc:graph and pc:eager; under XLA the smallest of Z, Z/2, ..., 1
     rows (rounded up) that holds them, and all Z rows at a batch of at
-    most 4, so there it lies between the members and the batch size.
+    most `batched_primitive_calls.ALL_ROWS_UP_TO`, so there it lies
+    between the members and the batch size.
   batched_primitive_members: how many members each `@batched_primitive`
     call was made for, as a histogram `{members: calls}` (the
     program-counter runtime; None where not counted). A guarded call that
