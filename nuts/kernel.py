@@ -651,8 +651,13 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
                                         [num_chains]),
                        grad_in, step, chain_keys,
                        backend=self._step_backend())
+    except tab.XlaUnsupportedError as e:
+      error = target_checks.unsupported_operations_error(e)
+      if error is None:
+        raise
+      raise error from e
     except tab.TypeInferenceError as e:
-      cause = e.__cause__
+      cause = e.failure
       if not _raised_in(cause, shared_programs.call_target):
         raise
       collective = sharding.explain_collective_error(cause)

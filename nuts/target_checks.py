@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from nuts import shared_programs
 
-__all__ = ["chain_parameters", "check_target_compiles"]
+__all__ = ["chain_parameters", "check_target_compiles",
+           "unsupported_operations_error"]
 
 
 # Why a target called on all the chains at once needs their number.
@@ -80,44 +81,39 @@ def chain_parameters(target, parts, structure, chain_rank):
 def check_target_compiles(target, parts, structure, chain_ndims, layout,
                           checked):
   """Raises a ValueError if XLA cannot compile the target's log density
-  and gradient as pc:xla runs them. pc:xla compiles every step, the
-  target with it, even in a plain tf.function or eagerly, where
+  and gradient as pc:xla runs them, where the number of chains is unknown
+  when the step is traced. pc:xla compiles every step, the target with
+  it, even in a plain tf.function or eagerly, where
   tfp.mcmc.NoUTurnSampler compiles nothing. It traces the target for
   each number of chains it calls it on (the gathered buckets, see
   `tfp_autobatch.runtime.batched_primitive_calls`), and once for any
-  number when the chain count is unknown where the step is traced. Two
-  kinds of target fail there: one with operations XLA lacks
-  (tf.numpy_function, string ops), and, with the chain count unknown,
-  one whose gradient needs, as a constant, a shape that depends on the
-  number of chains (tfb.CorrelationCholesky's). Unchecked, the step
-  failed with XLA's error about the VM's blocks, thousands of lines
-  long. Checked once per state layout by lowering the target alone,
-  traced as the VM traces it, to HLO, which is quick; other failures (a
-  target that captures the caller's graph tensors cannot be lowered
-  alone) are left to the step itself. `checked`: what was checked
-  (state layouts, dtypes, whether the chain count is known), to which
+  number when the chain count is unknown where the step is traced. There
+  a target whose gradient needs, as a constant, a shape that depends on
+  the number of chains (tfb.CorrelationCholesky's) fails, with XLA's
+  error about the VM's blocks, thousands of lines long. Checked once per
+  state layout by tracing the target alone, as the VM traces it, and
+  lowering it to HLO; other failures (a target that captures the
+  caller's graph tensors cannot be lowered alone) are left to the step
+  itself. With the chain count known the step's own trace is looked
+  through instead, for operations XLA lacks (`tab.XlaUnsupportedError`,
+  which `unsupported_operations_error` turns into this error): a trace
+  of the target less in the first call (seconds for some Inference Gym
+  models). `checked`: what was checked (state layouts, dtypes), to which
   this adds. `parts`, `structure`, `chain_ndims` and `layout` are the
   state's, as `chain_states.layout` gives them with the target's chain
   parameters."""
-  # One chain, or any number where the VM will not know how many; all of
-  # them, in their shape, for a target the program calls on all at once
-  # (its `layout`'s chain shape: one chain could fail there, a target
-  # whose input_signature fixes the number of chains, and hide the rest).
-  chain_shape = layout[3]
-  chains_known = parts[0].shape[:chain_ndims].is_fully_defined()
-  key = (layout, parts[0].dtype, chains_known)
+  if layout[3] is not None or parts[0].shape[:chain_ndims].is_fully_defined():
+    return
+  key = (layout, parts[0].dtype)
   if key in checked:
     return
-  def specs(leading):
-    return [tf.TensorSpec(leading + p.shape[chain_ndims:].as_list(), p.dtype)
-            for p in parts]
-  if chain_shape is not None:
-    traced, lowered = specs(list(chain_shape)), specs(list(chain_shape))
-  else:
-    traced, lowered = specs([1 if chains_known else None]), specs([1])
+  specs = [tf.TensorSpec([None] + p.shape[chain_ndims:].as_list(), p.dtype)
+           for p in parts]
+  lowered = [tf.TensorSpec([1] + s.shape[1:].as_list(), s.dtype)
+             for s in specs]
   as_traced = tf.function(
       lambda *xs: shared_programs.value_and_grads(target, list(xs), structure),
-      input_signature=traced, autograph=False)
+      input_signature=specs, autograph=False)
   compiled = tf.function(lambda *xs: as_traced(*xs), jit_compile=True,
                          autograph=False)
   try:
@@ -131,21 +127,41 @@ def check_target_compiles(target, parts, structure, chain_ndims, layout,
     message = str(e)
     if "Detected unsupported operations" in message:
       ops = sorted(set(re.findall(r"(\w+) \(No registered '", message)))
-      what = ("uses operations that XLA cannot compile "
-              f"({', '.join(ops) or 'see the error below'})")
-    elif "Reading input as constant from a dynamic tensor" in message:
-      what = ("needs, for its log density or gradient, a shape that "
-              "depends on the number of chains as a constant, which XLA "
-              "cannot have where the number of chains is unknown when "
-              "the step is traced (give your tf.function's state a "
-              "static chain count)")
-    else:
-      checked.add(key)
-      return
-    raise ValueError(
-        f"target_log_prob_fn {what}. backend='pc:xla', the default, "
-        "compiles every NUTS step with XLA, the target with it, even "
-        "where your tf.function does not ask for jit_compile "
-        "(tfp.mcmc.NoUTurnSampler does not): pass backend='pc:graph', "
-        "or write the target with operations XLA has") from e
+      raise _not_compilable(
+          f"uses operations that XLA cannot compile "
+          f"({', '.join(ops) or 'see the error below'})") from e
+    if "Reading input as constant from a dynamic tensor" in message:
+      raise _not_compilable(
+          "needs, for its log density or gradient, a shape that depends "
+          "on the number of chains as a constant, which XLA cannot have "
+          "where the number of chains is unknown when the step is traced "
+          "(give your tf.function's state a static chain count)") from e
   checked.add(key)
+
+
+def unsupported_operations_error(error):
+  """The ValueError for `error`, a `tab.XlaUnsupportedError` from the
+  step's trace, if every operation it names was made by the target; else
+  None."""
+  if not error.ops or not all(_made_by_target(op) for op in error.ops):
+    return None
+  return _not_compilable(
+      "uses operations that XLA cannot compile "
+      f"({', '.join(sorted(op.type for op in error.ops))})")
+
+
+def _made_by_target(op):
+  """Whether `op` was made in a call of the target (its trace passes
+  through `shared_programs.call_target`)."""
+  code = shared_programs.call_target.__code__
+  return any(frame.filename == code.co_filename and frame.name == code.co_name
+             for frame in op.traceback)
+
+
+def _not_compilable(what):
+  return ValueError(
+      f"target_log_prob_fn {what}. backend='pc:xla', the default, "
+      "compiles every NUTS step with XLA, the target with it, even "
+      "where your tf.function does not ask for jit_compile "
+      "(tfp.mcmc.NoUTurnSampler does not): pass backend='pc:graph', "
+      "or write the target with operations XLA has")

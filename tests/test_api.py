@@ -135,6 +135,103 @@ def test_batched_primitive_calls_names_the_blocks_that_call_them():
   assert set(calls) < labels
 
 
+@tab.batched_primitive
+def _through_numpy(x):
+  return tf.ensure_shape(
+      tf.numpy_function(lambda a: a, [x], x.dtype, stateful=False),
+      x.shape)
+
+
+def test_an_operation_xla_lacks_is_a_clear_error_where_xla_compiles():
+  """pc:xla compiles the whole VM with XLA: an operation XLA has no kernel
+  for failed at the first run with XLA's error about a VM block. It is
+  found in the trace first, and named with the line that made it."""
+  @tab.batch
+  def f(x):
+    s = _through_numpy(x)
+    if s > 3:
+      s = s * 2.0
+    return s
+  x = np.array([1.0, 4.0], np.float32)
+  with pytest.raises(tab.XlaUnsupportedError,
+                     match=r"pc:xla compiles .* no kernel for "
+                     r"PyFuncStateless \(made at .*test_api.py, line \d+, "
+                     r"in _through_numpy\)\. Use backend='pc:graph'"):
+    f(x, backend="pc:xla")
+  np.testing.assert_allclose(f(x, backend="pc:graph"), [1.0, 8.0])
+  # pc:graph inside the caller's XLA compilation: the same, and the advice
+  # is to call it outside.
+  with pytest.raises(tab.XlaUnsupportedError,
+                     match=r"pc:graph inside tf.function\(jit_compile=True\)"
+                     r".*Use it outside jit_compile"):
+    tf.function(lambda v: f(v, backend="pc:graph"), jit_compile=True)(x)
+
+
+@pytest.mark.parametrize("backend", tab.BACKENDS)
+def test_an_output_signature_spares_type_inference_a_trace(backend):
+  """Given an output_signature, type inference takes a batched primitive's
+  output types from it: the function is traced once less (for an
+  expensive target, seconds of a first call)."""
+  traces = []
+  def summed(x):
+    traces.append(x.shape[0])
+    return tf.reduce_sum(x, axis=1), x * 2.0
+  undeclared = tab.batched_primitive(summed)
+  declared = tab.batched_primitive(
+      summed, output_signature=lambda x: (tf.TensorSpec([None], x.dtype), x))
+  fixed = tab.batched_primitive(summed, output_signature=(
+      tf.TensorSpec([None], tf.float32), tf.TensorSpec([None, 2], tf.float32)))
+  x = np.array([[1.0, 1.0], [2.0, 2.0]], np.float32)
+  def program(primitive):
+    @tab.batch
+    def f(x):
+      s, y = primitive(x)
+      if s > 3:
+        s = s + tf.reduce_sum(y)
+      return s
+    return f
+  counts = []
+  for primitive in (undeclared, declared, fixed):
+    del traces[:]
+    np.testing.assert_allclose(program(primitive)(x, backend=backend),
+                               [2.0, 12.0])
+    counts.append(traces.count(None))   # traces for any batch size
+  assert counts[1:] == [counts[0] - 1] * 2
+
+
+def test_a_wrong_output_signature_is_a_clear_error():
+  x = np.array([[1.0, 1.0], [2.0, 2.0]], np.float32)
+  for signature, says in [
+      (tf.TensorSpec([None, 2], tf.float32), r"returned float32\[\] per "
+       r"example where its output_signature gives float32\[2\]"),
+      (tf.TensorSpec([None], tf.float64), "returned float32"),
+      (tf.TensorSpec([2], tf.float32), "leading .batch. dimension is None"),
+      ((tf.TensorSpec([None], tf.float32),) * 2, "structure other than"),
+  ]:
+    @tab.batched_primitive(output_signature=signature)
+    def summed(x):
+      return tf.reduce_sum(x, axis=1)
+    @tab.batch
+    def f(x):
+      return summed(x)
+    with pytest.raises(tab.TypeInferenceError, match=says):
+      f(x, backend="pc:graph")
+
+
+def test_a_declared_batched_primitive_that_fails_is_a_type_inference_error():
+  # Traced first by the runtime, not by type inference: it fails the same.
+  @tab.batched_primitive(output_signature=lambda x: x)
+  def needs_python_bool(x):
+    if tf.reduce_sum(x) > 0:   # a tensor as a Python bool, in a graph
+      return x
+    return -x
+  @tab.batch
+  def f(x):
+    return needs_python_bool(x)
+  with pytest.raises(tab.TypeInferenceError, match="needs_python_bool"):
+    f(np.ones([2, 3], np.float32), backend="pc:xla")
+
+
 def test_tape_may_record_is_true_only_under_a_tape():
   assert not tab.tape_may_record()
   with tf.GradientTape():

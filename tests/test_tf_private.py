@@ -48,3 +48,36 @@ def test_tensorflow_private_modules_are_imported_in_two_files_only():
                name in p.read_text() for name in (
                    "tensorflow.python", "tensorflow.compiler", "_call_flat"))]
   assert not found
+
+
+def test_xla_kernels_are_told_from_the_registry():
+  assert _tf_private.has_xla_kernel("AddV2")
+  assert _tf_private.has_xla_kernel("StatelessWhile")
+  assert not _tf_private.has_xla_kernel("PyFuncStateless")
+  assert not _tf_private.has_xla_kernel("Placeholder")   # a function's input
+
+
+def test_called_graphs_are_the_functions_an_operation_calls():
+  @tf.function(autograph=False)
+  def never_called(x):
+    return x + 1.0
+  @tf.function(autograph=False)
+  def f(x):
+    # Held by f's graph, not called.
+    never_called.get_concrete_function(x).add_to_graph()
+    return tf.while_loop(lambda i: i < 3.0,
+                         lambda i: [tf.cond(i > 1.0, lambda: i + 1.0,
+                                            lambda: i + 2.0)], [x])
+  graph = f.get_concrete_function(tf.TensorSpec([], tf.float32)).graph
+  assert any("never_called" in name for name in graph._functions)  # pylint: disable=protected-access
+  def kinds(graphs):
+    return sorted(type(g).__name__ for g in graphs)
+  loop, = [op for op in graph.get_operations() if "While" in op.type]
+  assert kinds(_tf_private.called_graphs(loop, graph)) == [
+      "WhileBodyFuncGraph", "WhileCondFuncGraph"]
+  body = [g for g in _tf_private.called_graphs(loop, graph)
+          if type(g).__name__ == "WhileBodyFuncGraph"][0]
+  branch, = [op for op in body.get_operations() if "If" in op.type]
+  # Found in the outermost graph, which holds every function within it.
+  assert kinds(_tf_private.called_graphs(branch, graph)) == [
+      "CondBranchFuncGraph", "CondBranchFuncGraph"]

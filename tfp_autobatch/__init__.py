@@ -23,6 +23,7 @@ from tfp_autobatch.errors import IRError
 from tfp_autobatch.errors import StackOverflowError
 from tfp_autobatch.errors import TypeInferenceError
 from tfp_autobatch.errors import UnknownBackendError
+from tfp_autobatch.errors import XlaUnsupportedError
 from tfp_autobatch.runtime.no_gradient import tape_may_record
 from tfp_autobatch.runtime.stats import RunStats
 
@@ -30,6 +31,6 @@ __all__ = [
     "batch", "batched_primitive", "BatchedFunction", "BatchedPrimitive",
     "BACKENDS", "default_backend", "AutobatchError", "ConversionError",
     "IndexOutOfRangeError", "IRError", "StackOverflowError",
-    "TypeInferenceError", "UnknownBackendError", "RunStats",
+    "TypeInferenceError", "UnknownBackendError", "XlaUnsupportedError", "RunStats",
     "tape_may_record",
 ]

@@ -361,12 +361,14 @@ class BatchedPrimitive(batched_callees.BatchedPrimitiveBase):
 
   Called from a batched function, it runs once on the batch of active
   members instead of being vectorised again. Call it directly in the body of
-  the `@tab.batch` function (not from inside a helper).
+  the `@tab.batch` function (not from inside a helper). See
+  `tab.batched_primitive` for `output_signature`.
   """
 
-  def __init__(self, fn):
+  def __init__(self, fn, output_signature=None):
     self.fn = fn
     functools.update_wrapper(self, fn)
+    self.output_signature = output_signature
 
   def __call__(self, *args):
     if _UNBATCHED.get():   # one example: give it (and take away) a batch dim
@@ -406,8 +408,31 @@ def batch(fn=None, *, max_stack_depth=DEFAULT_MAX_STACK_DEPTH, backend=None):
   return BatchedFunction(fn, max_stack_depth, backend)
 
 
-def batched_primitive(fn):
-  """Decorator marking a function that maps over the batch dimension itself."""
-  return BatchedPrimitive(fn)
+def batched_primitive(fn=None, *, output_signature=None):
+  """Decorator marking a function that maps over the batch dimension itself.
+
+  Use as `@tab.batched_primitive` or
+  `@tab.batched_primitive(output_signature=...)`.
+
+  Args:
+    fn: the function (given when used without parentheses).
+    output_signature: what it returns, as its nest of `tf.TensorSpec`s
+      whose leading (batch) dimension is None; or a function that takes
+      the `tf.TensorSpec`s of its arguments (leading dimension None) and
+      returns them, or None where it cannot tell. None (the default):
+      type inference traces the function to find out, on a batch of any
+      size, before the runtime traces it again for the run; given, that
+      first trace is skipped, which for an expensive function (a model's
+      log density and gradient) is a large part of a first call. Each
+      run checks what it returns against the signature, and a function
+      that fails is reported as type inference would have
+      (`tab.TypeInferenceError`).
+
+  Returns:
+    A `BatchedPrimitive`.
+  """
+  if fn is None:
+    return lambda f: BatchedPrimitive(f, output_signature)
+  return BatchedPrimitive(fn, output_signature)
 
 

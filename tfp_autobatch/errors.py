@@ -28,7 +28,12 @@ class ConversionError(AutobatchError):
 
 
 class TypeInferenceError(AutobatchError):
-  """A variable gets different dtypes or shapes on different paths."""
+  """A variable gets different dtypes or shapes on different paths, or the
+  code fails when traced. `failure`: then, the exception the code raised
+  (also the error's `__cause__`, which a `tf.function` the error passes
+  through drops)."""
+
+  failure = None
 
 
 class StackOverflowError(AutobatchError):
@@ -57,6 +62,18 @@ class IndexOutOfRangeError(AutobatchError, IndexError):
 
 class IRError(AutobatchError):
   """An IR invariant is broken: a bug in a pass, never the user's fault."""
+
+
+class XlaUnsupportedError(AutobatchError):
+  """A batched program that XLA compiles (`pc:xla`, or `pc:graph` inside
+  `tf.function(jit_compile=True)`) uses operations XLA has no kernel for
+  (`tf.numpy_function`, `tf.py_function`, `tf.print`, ...). The message
+  names each and the line that made it; `ops` holds one `tf.Operation` of
+  each type. (No constructor of its own: AutoGraph re-raises an error
+  from a converted caller by its type only where that takes the message
+  alone.)"""
+
+  ops = ()
 
 
 class UnknownBackendError(AutobatchError, ValueError):

@@ -18,10 +18,20 @@ class BatchedFunctionBase:
 class BatchedPrimitiveBase:
   """A `@tab.batched_primitive`: a call of it becomes a batched `Primitive`.
 
-  Subclasses set `fn`, the function that maps over the batch itself.
+  Subclasses set `fn`, the function that maps over the batch itself, and
+  `output_signature`, what it returns (see `tab.batched_primitive`).
   """
   fn = None
+  output_signature = None
 
   def as_primitive_fn(self):
     """`fn` as a primitive's code: its result as a one-output tuple."""
     return lambda *args: (self.fn(*args),)
+
+  def declared_outputs(self, *input_specs):
+    """Its result's `tf.TensorSpec`s as a one-output tuple, from
+    `output_signature` and the inputs' specs; None where undeclared."""
+    signature = self.output_signature
+    if callable(signature):
+      signature = signature(*input_specs)
+    return None if signature is None else (signature,)

@@ -143,7 +143,8 @@ class ExpressionLowering(ast.NodeTransformer):
                                   node.lineno))
     else:
       code = ir1.Code(value.as_primitive_fn(), ast.unparse(node),
-                      self.c.filename, node.lineno)
+                      self.c.filename, node.lineno,
+                      declared_outputs=value.declared_outputs)
       self.c.ops.append(ir1.Primitive((out,), code, ins, batched=True))
     return ast.copy_location(ast.Name(out, ast.Load()), node)
 

@@ -39,7 +39,10 @@ class Code:
   `fn(*ins)` returns the tuple of output values. `source` is the user's code
   for printing; `filename`/`lineno` point at it. `subscripts`: the
   `SubscriptSite`s of its rewritten subscripts, the k-th called as
-  `getitem(value, index, k)`.
+  `getitem(value, index, k)`. `declared_outputs`, for a
+  `@tab.batched_primitive` given an `output_signature`:
+  `declared_outputs(*input_specs)` is the tuple of its outputs'
+  `tf.TensorSpec`s (batch dimension None), or None where not declared.
   """
   fn: Callable
   source: str
@@ -47,6 +50,7 @@ class Code:
   lineno: int = 0
   read_lines: tuple = ()   # (input, the line of its first read), per input
   subscripts: tuple = ()
+  declared_outputs: Callable = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -270,12 +270,41 @@ def abstract_eval(op, in_types, out_types=None):
   key = (op.batched, types_lib.hashable(tuple(in_types)))
   if key in cache:
     return cache[key]
+  declared = _declared_types(op, in_types)
+  if declared is not None:
+    cache[key] = declared
+    return declared
   targets = tuple(types_lib.hashable(_strong_only(t)) for t in out_types)
   if key + targets not in cache:
     found, numbers_met = _trace_types(op, in_types, out_types)
     cache[key + targets if numbers_met else key] = found
     return found
   return cache[key + targets]
+
+
+def _declared_types(op, in_types):
+  """The output types a `@tab.batched_primitive`'s `output_signature`
+  declares for inputs of `in_types`, without tracing it; None where it
+  declares none."""
+  if not op.batched or op.code.declared_outputs is None:
+    return None
+  specs = [tf.nest.map_structure(lambda t: t.spec((None,)), t)
+           for t in in_types]
+  declared = op.code.declared_outputs(*specs)
+  if declared is None:
+    return None
+  def leaf(spec):
+    shape = tf.TensorShape(spec.shape)
+    if (not isinstance(spec, tf.TensorSpec) or shape.rank is None
+        or shape.rank == 0 or shape[0] is not None
+        or not shape[1:].is_fully_defined()):
+      raise errors.TypeInferenceError(
+          f"the output_signature of the batched primitive "
+          f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
+          f"gives {spec!r}: each output is a tf.TensorSpec whose leading "
+          "(batch) dimension is None and whose other dimensions are known")
+    return types_lib.TensorType(spec.dtype, tuple(shape[1:].as_list()))
+  return [tf.nest.map_structure(leaf, d) for d in declared]
 
 
 def _strong_only(var_type):
@@ -311,12 +340,12 @@ def _trace_types(op, in_types, out_types):
     except ArithmeticError as e:
       if literal != _LITERAL_VALUES[-1]:
         continue
-      _raise_fails_on(op, in_types, e)
+      raise_fails_on(op, in_types, e)
     except Exception as e:  # pylint: disable=broad-except
-      _raise_fails_on(op, in_types, e)
+      raise_fails_on(op, in_types, e)
 
 
-def _raise_fails_on(op, in_types, e):
+def raise_fails_on(op, in_types, e):
   """A TypeInferenceError: the code fails on inputs of `in_types`."""
   shown = ", ".join(f"{v}: {types_lib.format_type(t)}"
                     for v, t in zip(op.ins, in_types))
@@ -342,10 +371,11 @@ def _raise_fails_on(op, in_types, e):
             "which tfp_autobatch converts, but not inside a plain helper "
             "or lambda it calls: move them into the body, or use tf.where, "
             "tf.minimum and tf.maximum there)")
-  raise errors.TypeInferenceError(
+  error = errors.TypeInferenceError(
       f"`{op.code.source}` ({op.code.filename}, line {op.code.lineno}) "
-      f"fails on inputs of types ({shown}): {type(e).__name__}: {e}{hint}"
-  ) from e
+      f"fails on inputs of types ({shown}): {type(e).__name__}: {e}{hint}")
+  error.failure = e
+  raise error from e
 
 
 def _check_keeps_the_batch(op, outs):

@@ -12,9 +12,12 @@ upgrade breaks here; setup.py pins TensorFlow 2.21.
 - `pfor`, `pfor_impl`: pfor's converters and entry point (`vectorize`,
   `pfor_conditions`); None where this TensorFlow lacks them.
 - `call_concrete`: a traced function called at its flat inputs.
+- `has_xla_kernel`, `called_graphs`: the kernel registry and the
+  functions an operation calls, to find operations XLA has no kernel for (`xla_kernels`).
 """
 import tensorflow as tf
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import,unused-import
+from tensorflow.python.framework import kernels  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,unused-import
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import,unused-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import,unused-import
@@ -44,3 +47,28 @@ def call_concrete(concrete, args):
   their shapes."""
   return concrete._call_flat(   # pylint: disable=protected-access
       tf.nest.flatten(args), concrete.captured_inputs)
+
+
+def has_xla_kernel(op_type):
+  """Whether an operation type has a kernel for an XLA device (registered
+  for `XLA_CPU_JIT`, `XLA_GPU_JIT`, ...): what XLA compiles it with."""
+  return any(k.device_type.startswith("XLA_")
+             and k.device_type.endswith("_JIT")
+             for k in kernels.get_registered_kernels_for_op(op_type).kernel)
+
+
+def called_graphs(op, library):
+  """The graphs of the functions `op` calls (a call's function, a loop's
+  condition and body, a conditional's branches), traced ones only (a
+  function loaded from a definition has none), found in the graph
+  `library`, which holds them (a traced function's graph holds every
+  function called within it, at any depth). A graph also holds functions
+  it never calls, which XLA never compiles."""
+  names = []
+  for value in op.node_def.attr.values():
+    if value.HasField("func"):
+      names.append(value.func.name)
+    names.extend(f.name for f in value.list.func)
+  functions = (library._functions.get(n) for n in names)  # pylint: disable=protected-access
+  return [f.graph for f in functions
+          if f is not None and getattr(f, "graph", None) is not None]

@@ -77,6 +77,7 @@ from tfp_autobatch.runtime import variable_store
 from tfp_autobatch.runtime import vectorize
 from tfp_autobatch.runtime import vm_layout
 from tfp_autobatch.runtime import xla_gradient
+from tfp_autobatch.runtime import xla_kernels
 
 # How many static batch sizes `pc:graph` traces a VM of its own for: each
 # trace costs a first call its compile time, so further sizes share one
@@ -305,7 +306,11 @@ class PcVmRuntime:
     Calling a `tf.function` binds and checks its arguments against its
     signature and looks up its trace on every call; calling the trace (its
     concrete function) directly skips that, most of a small batch's call
-    (`python -m benchmarks.programs`)."""
+    (`python -m benchmarks.programs`).
+
+    Before its first call, a trace that XLA compiles is looked through for
+    operations XLA has no kernel for (`xla_kernels`): the error then names
+    them and the user's lines, not XLA's view of a VM block."""
     compiled = self.compiled_for(args)
     concrete = self._concrete.get(compiled)
     if concrete is None:
@@ -313,6 +318,14 @@ class PcVmRuntime:
         concrete = _traced_without_tapes(compiled)
       else:
         concrete = compiled.get_concrete_function()
+      if self.mode == "xla":
+        xla_kernels.check(compiled, concrete, "pc:xla", (
+            "backend='pc:graph', which runs it without XLA"))
+      elif pfor_conditions.in_xla_context():
+        xla_kernels.check(
+            compiled, concrete,
+            "pc:graph inside tf.function(jit_compile=True)",
+            "it outside jit_compile")
       self._concrete[compiled] = concrete
     return concrete
 

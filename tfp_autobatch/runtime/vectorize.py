@@ -40,6 +40,7 @@ from tfp_autobatch import errors
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.operators import single_example
 from tfp_autobatch.operators.single_example import conform
+from tfp_autobatch.passes import infer_types
 from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import pfor_conditions
@@ -238,6 +239,39 @@ def _with_rows(outs, n, code):
   return batch_state.with_rows(outs, n, message)
 
 
+def _as_declared(op, ins, out_types):
+  """The outputs of a `@tab.batched_primitive` whose `output_signature`
+  gave its types, which type inference took without tracing it: its first
+  trace is this one. So it fails as type inference reports a failure
+  (`tab.TypeInferenceError`, the cause chained), and what it returns must
+  be what the signature said, which would otherwise be cast to it."""
+  try:
+    outs = op.code.fn(*ins)
+  except errors.AutobatchError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    infer_types.raise_fails_on(
+        op, [types_lib.type_of_value(x, batched=True) for x in ins], e)
+  def check(t, v):
+    v = tf.convert_to_tensor(v)
+    if v.dtype != t.dtype or not v.shape[1:].is_compatible_with(t.shape):
+      raise errors.TypeInferenceError(
+          f"the batched primitive `{op.code.source}` ({op.code.filename}, "
+          f"line {op.code.lineno}) returned "
+          f"{types_lib.TensorType(v.dtype, tuple(v.shape[1:].as_list()))} "
+          f"per example where its output_signature gives "
+          f"{types_lib.format_type(t)}: correct the signature")
+  try:
+    for t, v in zip(out_types, outs):
+      tf.nest.map_structure(check, t, v, check_types=False)
+  except (TypeError, ValueError) as e:
+    raise errors.TypeInferenceError(
+        f"the batched primitive `{op.code.source}` ({op.code.filename}, "
+        f"line {op.code.lineno}) returned a structure other than its "
+        f"output_signature's: {e}") from e
+  return outs
+
+
 def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
   """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive.
 
@@ -248,7 +282,10 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
   hold pfor's partitioned conditionals (`pfor_conditions`)."""
   if op.batched:
     def run_batched(n, *ins):
-      outs = op.code.fn(*ins)
+      if op.code.declared_outputs is None:
+        outs = op.code.fn(*ins)
+      else:
+        outs = _as_declared(op, ins, out_types)
       return _with_rows(tuple(conform(v, t) for v, t in zip(outs, out_types)),
                         n, op.code)
     return run_batched
