@@ -166,7 +166,7 @@ def test_a_chain_of_early_returns_runs_in_one_step():
   # Before: a step per block the members pass through.
   assert (steps_before, steps_after) == (6, 1)
   # Under XLA each guarded model call computes its members' rows only
-  # (in buckets of the batch size halved, rounded up: 13, 7, 4, 2, 1):
+  # (in buckets of the batch size halved, rounded up: 13, 7, 4, 1):
   # 13, 10 and 5 members here, computed as 13 + 13 + 7 rows; every
   # backend agrees.
   for backend in ("pc:eager", "pc:graph", "pc:xla"):

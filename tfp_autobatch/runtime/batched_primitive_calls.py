@@ -35,13 +35,19 @@ UNKNOWN_BATCH_SIZE_BUCKETS = (2, 4, 8)
 # of rows, as a gathered call does (`vectorize._with_rows`): that error then
 # shows from 5 rows on.
 ALL_ROWS_UP_TO = 4
+# For the same reason the buckets of a larger batch skip the sizes between
+# one row and ALL_ROWS_UP_TO: two or three members run in the bucket of
+# ALL_ROWS_UP_TO rows, which costs them about what two rows would, and one
+# member alone still runs on one row (half of four rows' cost on the
+# logistic regression: docs/benchmarks.md, "The model and a call alone").
 
 
 def member_bucket_sizes(z, static_z):
   """The bucket sizes below the batch size, largest first: the halvings of
-  `static_z` (rounded up) down to 1, none up to `ALL_ROWS_UP_TO` rows;
-  with `static_z` None, `z` (a tensor) divided by
-  `UNKNOWN_BATCH_SIZE_BUCKETS`, rounded up."""
+  `static_z` (rounded up) down to 1, less those between 1 and
+  `ALL_ROWS_UP_TO`, and none up to `ALL_ROWS_UP_TO` rows; with `static_z`
+  None, `z` (a tensor) divided by `UNKNOWN_BATCH_SIZE_BUCKETS`, rounded
+  up."""
   if static_z is None:
     return [(z + d - 1) // d for d in UNKNOWN_BATCH_SIZE_BUCKETS]
   if static_z <= ALL_ROWS_UP_TO:
@@ -49,7 +55,8 @@ def member_bucket_sizes(z, static_z):
   sizes, size = [], static_z
   while size > 1:
     size = (size + 1) // 2
-    sizes.append(size)
+    if size >= ALL_ROWS_UP_TO or size == 1:
+      sizes.append(size)
   return sizes
 
 
