@@ -13,7 +13,8 @@ for an XLA device, and the lookup is a set of registry reads per type
 to HLO to find out takes seconds. An operation without one is confirmed by
 that lowering before it is reported, so that XLA's own handling of some
 unregistered operation never becomes an error here, and the error names
-each operation and the user's line that made it.
+each operation and, where its trace shows one, the user's line that made
+it (a `@batched_primitive`'s: pfor makes a primitive's operations anew).
 """
 import functools
 import os
