@@ -126,10 +126,8 @@ def check_target_compiles(target, parts, structure, chain_ndims, layout,
   except Exception as e:  # pylint: disable=broad-except
     message = str(e)
     if "Detected unsupported operations" in message:
-      ops = sorted(set(re.findall(r"(\w+) \(No registered '", message)))
-      raise _not_compilable(
-          f"uses operations that XLA cannot compile "
-          f"({', '.join(ops) or 'see the error below'})") from e
+      raise _uses_operations_xla_lacks(
+          re.findall(r"(\w+) \(No registered '", message)) from e
     if "Reading input as constant from a dynamic tensor" in message:
       raise _not_compilable(
           "needs, for its log density or gradient, a shape that depends "
@@ -145,9 +143,7 @@ def unsupported_operations_error(error):
   None."""
   if not error.ops or not all(_made_by_target(op) for op in error.ops):
     return None
-  return _not_compilable(
-      "uses operations that XLA cannot compile "
-      f"({', '.join(sorted(op.type for op in error.ops))})")
+  return _uses_operations_xla_lacks(op.type for op in error.ops)
 
 
 def _made_by_target(op):
@@ -156,6 +152,14 @@ def _made_by_target(op):
   code = shared_programs.call_target.__code__
   return any(frame.filename == code.co_filename and frame.name == code.co_name
              for frame in op.traceback)
+
+
+def _uses_operations_xla_lacks(op_types):
+  """The ValueError for a target with operations of `op_types`, which XLA
+  has no kernel for (none named: XLA's message is chained below)."""
+  return _not_compilable(
+      "uses operations that XLA cannot compile "
+      f"({', '.join(sorted(set(op_types))) or 'see the error below'})")
 
 
 def _not_compilable(what):

@@ -206,6 +206,7 @@ def test_a_wrong_output_signature_is_a_clear_error():
        r"example where its output_signature gives float32\[2\]"),
       (tf.TensorSpec([None], tf.float64), "returned float32"),
       (tf.TensorSpec([2], tf.float32), "leading .batch. dimension is None"),
+      (3, "each output is a tf.TensorSpec"),
       ((tf.TensorSpec([None], tf.float32),) * 2, "structure other than"),
   ]:
     @tab.batched_primitive(output_signature=signature)

@@ -68,8 +68,8 @@ class XlaUnsupportedError(AutobatchError):
   """A batched program that XLA compiles (`pc:xla`, or `pc:graph` inside
   `tf.function(jit_compile=True)`) uses operations XLA has no kernel for
   (`tf.numpy_function`, `tf.py_function`, `tf.print`, ...). The message
-  names each and the line that made it; `ops` holds one `tf.Operation` of
-  each type. (No constructor of its own: AutoGraph re-raises an error
+  names each, and the line that made it where the operation's trace shows
+  one; `ops` holds one `tf.Operation` of each type. (No constructor of its own: AutoGraph re-raises an error
   from a converted caller by its type only where that takes the message
   alone.)"""
 

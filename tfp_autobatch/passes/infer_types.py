@@ -294,9 +294,9 @@ def _declared_types(op, in_types):
   if declared is None:
     return None
   def leaf(spec):
-    shape = tf.TensorShape(spec.shape)
-    if (not isinstance(spec, tf.TensorSpec) or shape.rank is None
-        or shape.rank == 0 or shape[0] is not None
+    shape = (tf.TensorShape(spec.shape) if isinstance(spec, tf.TensorSpec)
+             else tf.TensorShape(None))
+    if (shape.rank is None or shape.rank == 0 or shape[0] is not None
         or not shape[1:].is_fully_defined()):
       raise errors.TypeInferenceError(
           f"the output_signature of the batched primitive "
