@@ -347,17 +347,20 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
           self.target_log_prob_fn, layout, self._tree_settings())
     return self._programs[layout]
 
-  def _chain_parameters(self, parts, structure, chain_ndims, check=False):
+  def _chain_parameters(self, parts, structure, chain_ndims, check=False,
+                        known=None):
     """Whether the target has parameters per chain
     (`target_checks.chain_parameters`), asked once per state structure
     and static shapes for all the kernels of this target (each asking
     traces the target once more). `check` asks again all the same, as
     `bootstrap_results` does: where the answer is known only when the
-    graph runs, the asking adds that graph's assertion."""
+    graph runs, the asking adds that graph's assertion. `known`: the
+    answer, where a call of the target gave it
+    (`target_checks.start_values`)."""
     def ask():
       return target_checks.chain_parameters(
           self.target_log_prob_fn, parts, structure, chain_ndims)
-    answer = ask() if check else None
+    answer = ask() if check else known
     shapes = tuple(None if p.shape.rank is None else tuple(p.shape.as_list())
                    for p in parts)
     return shared_programs.shared_value(
@@ -416,13 +419,17 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     # `sample` returned reads its bijectors' cache instead of the tensor
     # (`init = dist.sample(n)`), and the gradient would be None. (The
     # batched program's gradient calls get fresh tensors anyway: the
-    # state parts split from its flat vector.)
+    # state parts split from its flat vector.) A tf.function target with
+    # an input_signature gives these tensors its shapes when called on
+    # them, which the chain-parameter check below then reads.
     parts = [tf.identity(p) for p in parts]
-    logp, grads = shared_programs.value_and_grads(self.target_log_prob_fn,
-                                           parts, structure)
+    logp, grads, chain_parameters = target_checks.start_values(
+        self.target_log_prob_fn, parts, structure)
     chain_states.check_log_density(logp, parts)
     chain_states.check_chain_rank(logp)
-    self._chain_parameters(parts, structure, logp.shape.rank, check=True)
+    self._chain_parameters(parts, structure, logp.shape.rank,
+                           check=chain_parameters is None,
+                           known=chain_parameters)
     logp = chain_states.check_finite_start(logp)
     step_size = self.step_size
     chain_states.check_step_size(step_size, parts, logp.shape.rank)

@@ -40,7 +40,7 @@ from nuts import momentum
 from nuts import tree
 
 __all__ = ["nuts_program", "shared_value", "call_target", "value_and_grads",
-           "chain_index_column"]
+           "gradients", "chain_index_column"]
 
 _Shared = collections.namedtuple("_Shared", [
     "target_ref",   # weakref.ref to the target (a method's: its object)
@@ -67,6 +67,13 @@ def value_and_grads(target, parts, structure):
   with tf.GradientTape() as tape:
     tape.watch(parts)
     logp = call_target(target, parts, structure)
+  return logp, gradients(tape, logp, parts)
+
+
+def gradients(tape, logp, parts):
+  """The gradients of `logp` for `parts` from `tape`, which watched them
+  through the target's call; a ValueError for a part it does not depend
+  on."""
   grads = tape.gradient(logp, parts)
   for i, g in enumerate(grads):
     if g is None:
@@ -75,7 +82,7 @@ def value_and_grads(target, parts, structure):
           f"does not depend on state part {i} differentiably (it is not "
           "used, or behind tf.stop_gradient or an integer cast); every "
           "state part must enter the log density")
-  return logp, grads
+  return grads
 
 
 def nuts_program(target, layout, settings):

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from nuts import shared_programs
 
-__all__ = ["chain_parameters", "check_target_compiles",
+__all__ = ["chain_parameters", "start_values", "check_target_compiles",
            "unsupported_operations_error"]
 
 
@@ -76,6 +76,58 @@ def chain_parameters(target, parts, structure, chain_rank):
       "chain, a shape known only when the graph runs: a target with "
       "parameters per chain needs shapes known where the kernel is traced")
   return False
+
+
+def start_values(target, parts, structure):
+  """`(log density, gradients, chain parameters)` of the chains' starting
+  state, with `chain_parameters`' answer from the same trace of the
+  target where it can: for one static chain dimension the target is
+  called on the chains and a copy of the first chain, and a result with
+  one value per row (chains + 1) says the target has no parameters per
+  chain (one would not broadcast to a chain more), where asking
+  `chain_parameters` traces the target once more (seconds on some
+  Inference Gym models). Otherwise (that call fails, returns another
+  shape, or computes on the state with a tensor of a shape known only
+  when the graph runs, where a mismatch shows only then), the target is called on the chains
+  alone and the third value is None: ask `chain_parameters`."""
+  n = parts[0].shape[:1].num_elements() if parts[0].shape.rank else None
+  if n and all(p.shape.rank and p.shape[0] == n for p in parts):
+    with_copy = [tf.concat([p, p[:1]], 0) for p in parts]
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    made_before = 0 if graph is None else len(graph.get_operations())
+    try:
+      with tf.GradientTape() as tape:
+        tape.watch(with_copy)
+        logp = shared_programs.call_target(target, with_copy, structure)
+      checked = _broadcasts_checked(graph, made_before, with_copy)
+      grads = shared_programs.gradients(tape, logp, with_copy)
+    except Exception:  # pylint: disable=broad-except
+      # E.g. a parameter per chain, or a fixed number of chains, failing
+      # as the target's code fails on unmatched shapes: the call on the
+      # chains alone below raises whatever is the target's own error.
+      pass
+    else:
+      if logp.shape == [n + 1] and checked:
+        return logp[:n], [g[:n] for g in grads], False
+  logp, grads = shared_programs.value_and_grads(target, parts, structure)
+  return logp, grads, None
+
+
+def _broadcasts_checked(graph, made_before, state):
+  """Whether the trace itself checked that the target's operations on the
+  `state` tensors broadcast (eagerly, with no graph, it did): every input
+  of every operation made in `graph` after its first `made_before` that
+  depends on the state has a static shape. A dimension known only when
+  the graph runs is taken to broadcast when traced, and fails when run."""
+  if graph is None:
+    return True
+  on_state = {id(t) for t in state}
+  for op in graph.get_operations()[made_before:]:
+    if any(id(t) in on_state for t in op.inputs):
+      if not all(t.shape.is_fully_defined() for t in op.inputs):
+        return False
+      on_state.update(id(t) for t in op.outputs)
+  return True
 
 
 def check_target_compiles(target, parts, structure, chain_ndims, layout,

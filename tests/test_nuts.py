@@ -597,6 +597,37 @@ def test_parameters_per_chain_with_a_chain_count_unknown_when_traced():
     tf.function(lambda: kernel.bootstrap_results(tf.constant(INIT)))()
 
 
+def test_bootstrap_traces_the_target_once_with_the_chain_count_known():
+  # bootstrap_results tells a target with parameters per chain from the
+  # call that gives the start's log density and gradient, made on the
+  # chains and a copy of the first (one value more: no parameter per
+  # chain), not from a second trace on one chain.
+  shapes = []
+  def counted(x):
+    shapes.append(x.shape.as_list())
+    return gaussian_log_prob(x)
+  kernel = nuts.NoUTurnSampler(counted, 0.3, backend="pc:graph")
+  results = tf.function(kernel.bootstrap_results)(tf.constant(INIT))
+  assert shapes == [[5, 3]]
+  np.testing.assert_allclose(results.target_log_prob,
+                             [numpy_logp_and_grad(q)[0] for q in INIT],
+                             rtol=1e-12)
+  np.testing.assert_allclose(results.grads_target_log_prob[0],
+                             [numpy_logp_and_grad(q)[1] for q in INIT],
+                             rtol=1e-12)
+  # A parameter per chain does not broadcast to one chain more: the
+  # chains alone, then one chain, tell it.
+  shapes.clear()
+  per_chain = nuts.NoUTurnSampler(
+      lambda x: counted(x) / SCALES, 0.3, backend="pc:graph")
+  results = tf.function(per_chain.bootstrap_results)(tf.constant(INIT))
+  assert shapes == [[5, 3], [4, 3], [1, 3]]
+  np.testing.assert_allclose(
+      results.target_log_prob,
+      [numpy_logp_and_grad(q)[0] / s for q, s in zip(INIT, SCALES)],
+      rtol=1e-12)
+
+
 def test_no_chains_sample_as_with_tfp_nuts():
   # A batch of zero chains (an empty [0, 3] state) samples nothing, as
   # with tfp.mcmc.NoUTurnSampler; the check that the target treats the
