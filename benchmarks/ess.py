@@ -4,8 +4,8 @@ r"""Benchmark in the user's metric: effective samples per second, ours against
   python -m benchmarks.ess                       # every model, 1-256 chains
   python -m benchmarks.ess --models=eight_schools,item_response \
       --chains=4,64 --num_warmup=200 --num_draws=200 --rounds=3 \
-      --output=benchmarks/results/ess_small.json \
-      --plot=benchmarks/results/ess_small.png
+      --output=/tmp/ess.json \
+      --plot=/tmp/ess.png
   python -m benchmarks.ess --num_trajectories_per_step=1,4   # fusion A/B
   python -m benchmarks.ess --quick               # a tiny run (tests)
   python -m benchmarks.ess --replicas=2 --systems=pc:xla --chains=8
