@@ -86,12 +86,19 @@ def start_values(target, parts, structure):
   one value per row (chains + 1) says the target has no parameters per
   chain (one would not broadcast to a chain more), where asking
   `chain_parameters` traces the target once more (seconds on some
-  Inference Gym models). Otherwise (that call fails, returns another
-  shape, or computes on the state with a tensor of a shape known only
-  when the graph runs, where a mismatch shows only then), the target is called on the chains
+  Inference Gym models). Otherwise (in a replica of a distribution
+  strategy, or that call fails, returns another shape, or computes on the
+  state with a tensor of a shape known only when the graph runs, where a
+  mismatch shows only then), the target is called on the chains
   alone and the third value is None: ask `chain_parameters`."""
   n = parts[0].shape[:1].num_elements() if parts[0].shape.rank else None
-  if n and all(p.shape.rank and p.shape[0] == n for p in parts):
+  # Not in a replica of a tf.distribute strategy: a target that reduces
+  # across replicas would reach their barrier once more on some replicas
+  # than on others, and they would wait for each other for ever.
+  in_replica = (tf.distribute.has_strategy()
+                and not tf.distribute.in_cross_replica_context())
+  if (n and not in_replica
+      and all(p.shape.rank and p.shape[0] == n for p in parts)):
     with_copy = [tf.concat([p, p[:1]], 0) for p in parts]
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
     made_before = 0 if graph is None else len(graph.get_operations())
@@ -101,7 +108,8 @@ def start_values(target, parts, structure):
         logp = shared_programs.call_target(target, with_copy, structure)
       checked = _broadcasts_checked(graph, made_before, with_copy)
       grads = shared_programs.gradients(tape, logp, with_copy)
-    except Exception:  # pylint: disable=broad-except
+    except (TypeError, ValueError, NotImplementedError,
+            tf.errors.InvalidArgumentError):
       # E.g. a parameter per chain, or a fixed number of chains, failing
       # as the target's code fails on unmatched shapes: the call on the
       # chains alone below raises whatever is the target's own error.
