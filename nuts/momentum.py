@@ -40,8 +40,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-__all__ = ["DIAGONAL", "DENSE", "default_distribution", "as_carried",
-           "kind", "diagonal_precision", "dense_factor", "check_gaussian"]
+__all__ = ["DIAGONAL", "DENSE", "DiagonalMomentum", "default_distribution",
+           "as_carried", "kind", "diagonal_precision", "dense_factor", "check_gaussian"]
 
 tfb = tfp.bijectors
 tfd = tfp.distributions
@@ -58,11 +58,15 @@ def _event_shape(part, chain_ndims):
 
 
 def default_distribution(parts, chain_shape, chain_ndims):
-  """The identity metric, a standard normal per state part, in the form
-  `DiagonalMassMatrixAdaptation` updates (a `JointDistributionSequential`
-  of `BatchBroadcast`s over the chains of reshaped
-  `MultivariateNormalPrecisionFactorLinearOperator`s with diagonal
-  precision)."""
+  """The identity metric, a standard normal per state part: a
+  `DiagonalMomentum` of ones, which stands for the form
+  `DiagonalMassMatrixAdaptation` updates; where a part's event shape is
+  known only when the graph runs, that form itself."""
+  event_shapes = [_event_shape(p, chain_ndims) for p in parts]
+  factors = [tf.ones(tf.concat([chain_shape, [int(np.prod(e))]], 0), p.dtype)
+             for p, e in zip(parts, event_shapes) if None not in e]
+  if len(factors) == len(parts):
+    return DiagonalMomentum(factors, event_shapes)
   dists = []
   for p in parts:
     event_shape = _event_shape(p, chain_ndims)
@@ -70,17 +74,137 @@ def default_distribution(parts, chain_shape, chain_ndims):
       event_shape = tf.shape(p)[chain_ndims:]
     ones = tf.ones(tf.concat([chain_shape, [tf.reduce_prod(event_shape)]],
                              0), p.dtype)
-    # `loc` given: a loc of None is made at each reconstruction of the
-    # distribution (a Fill in the caller's graph at every step).
-    normal = tfp.experimental.distributions.MultivariateNormalPrecisionFactorLinearOperator(  # pylint: disable=line-too-long
-        loc=tf.zeros_like(ones),
-        precision_factor=tf.linalg.LinearOperatorDiag(ones),
-        precision=tf.linalg.LinearOperatorDiag(ones))
-    dists.append(tfd.BatchBroadcast(
-        tfd.TransformedDistribution(
-            normal, bijector=tfb.Reshape(event_shape_out=event_shape)),
-        with_shape=chain_shape))
+    dists.append(_adaptable_part(ones, event_shape, chain_shape))
   return tfd.JointDistributionSequential(dists)
+
+
+def _adaptable_part(factor, event_shape, chain_shape):
+  """One part of the form `DiagonalMassMatrixAdaptation` updates: a
+  `BatchBroadcast` over the chains of a reshaped
+  `MultivariateNormalPrecisionFactorLinearOperator` with the diagonal
+  precision factor `factor` ([chains..., n])."""
+  # `loc` given: a loc of None is made at each reconstruction of the
+  # distribution (a Fill in the caller's graph at every step).
+  normal = tfp.experimental.distributions.MultivariateNormalPrecisionFactorLinearOperator(  # pylint: disable=line-too-long
+      loc=tf.zeros_like(factor),
+      precision_factor=tf.linalg.LinearOperatorDiag(factor),
+      precision=tf.linalg.LinearOperatorDiag(tf.square(factor)))
+  return tfd.BatchBroadcast(
+      tfd.TransformedDistribution(
+          normal, bijector=tfb.Reshape(event_shape_out=event_shape)),
+      with_shape=chain_shape)
+
+
+class DiagonalMomentum(tf.__internal__.CompositeTensor):
+  """A diagonal momentum distribution, as the kernel results carry the
+  default (identity) metric: per state part, the precision factor f
+  ([chains..., n], the flattened part; precision f**2) and the part's
+  event shape.
+
+  It stands for the `JointDistributionSequential` that
+  `as_distribution()` builds, the form `DiagonalMassMatrixAdaptation`
+  reads and rewrites (its `model` and `copy`), and the distribution's
+  public methods (`log_prob`, `sample`, `variance`, `dtype`, ...) are
+  that distribution's. Carried as itself, not as that distribution,
+  because a `tf.function` that takes or returns kernel results rebuilds
+  every composite tensor in them from its tensors at each call: TFP's
+  distribution runs a constructor per nested distribution, bijector and
+  linear operator, about ten milliseconds of Python a call, which for a
+  cheap model was more than ten NUTS steps cost. This one is rebuilt in
+  microseconds.
+  """
+
+  def __init__(self, precision_factors, event_shapes):
+    self.precision_factors = list(precision_factors)
+    self.event_shapes = tuple(tuple(e) for e in event_shapes)
+
+  @property
+  def _type_spec(self):
+    return _DiagonalMomentumSpec(
+        tuple(tf.TensorSpec.from_tensor(f) for f in self.precision_factors),
+        self.event_shapes)
+
+  def precisions(self, parts):
+    """Each part's diagonal precision, shaped like the parts."""
+    out = []
+    for factor, event_shape, part in zip(self.precision_factors,
+                                         self.event_shapes, parts):
+      shape = tf.shape(part)
+      flat_shape = tf.concat([shape[:tf.rank(part) - len(event_shape)],
+                              tf.shape(factor)[-1:]], 0)
+      out.append(tf.reshape(tf.broadcast_to(tf.square(factor), flat_shape),
+                            shape))
+    return out
+
+  @property
+  def model(self):
+    """The parts of `as_distribution()`."""
+    return [_adaptable_part(f, list(e), tf.shape(f)[:-1])
+            for f, e in zip(self.precision_factors, self.event_shapes)]
+
+  def as_distribution(self):
+    """The TFP distribution this one stands for."""
+    return tfd.JointDistributionSequential(self.model)
+
+  def copy(self, **overrides):
+    """`as_distribution().copy(...)`, as a `DiagonalMomentum` where it is
+    one: a new `model` in the same form with diagonal precision factors,
+    as `DiagonalMassMatrixAdaptation` writes when its estimation ends (so
+    that the results keep one type across its steps, as `tf.while_loop`
+    and its `choose` of old and new results need); else the TFP
+    distribution."""
+    if set(overrides) == {"model"}:
+      factors = [_diagonal_factor(part) for part in overrides["model"]]
+      if (len(factors) == len(self.precision_factors)
+          and all(f is not None for f in factors)):
+        return DiagonalMomentum(factors, self.event_shapes)
+    return self.as_distribution().copy(**overrides)
+
+  def __getattr__(self, name):
+    # The distribution's public interface; never TensorFlow's probes of
+    # private attributes.
+    if name.startswith("_"):
+      raise AttributeError(name)
+    return getattr(self.as_distribution(), name)
+
+  def __repr__(self):
+    return (f"<DiagonalMomentum: {len(self.precision_factors)} part(s), "
+            f"event shapes {list(self.event_shapes)}>")
+
+
+def _diagonal_factor(part):
+  """The diagonal precision factor [chains..., n] of a part in the form
+  `_adaptable_part` builds, else None."""
+  normal, reshape = _unwrap_part(part)
+  if (reshape is not None
+      and isinstance(normal, tfp.experimental.distributions
+                     .MultivariateNormalPrecisionFactorLinearOperator)
+      and isinstance(normal.precision_factor, tf.linalg.LinearOperatorDiag)):
+    return normal.precision_factor.diag_part()
+  return None
+
+
+class _DiagonalMomentumSpec(tf.TypeSpec):
+  """The `tf.TypeSpec` of a `DiagonalMomentum`."""
+
+  value_type = property(lambda self: DiagonalMomentum)
+
+  def __init__(self, factor_specs, event_shapes):
+    self._factor_specs = tuple(factor_specs)
+    self._event_shapes = tuple(tuple(e) for e in event_shapes)
+
+  def _serialize(self):
+    return (self._factor_specs, self._event_shapes)
+
+  @property
+  def _component_specs(self):
+    return self._factor_specs
+
+  def _to_components(self, value):
+    return tuple(value.precision_factors)
+
+  def _from_components(self, components):
+    return DiagonalMomentum(components, self._event_shapes)
 
 
 def as_carried(distribution, chain_shape):
@@ -132,6 +256,8 @@ def _unwrap_part(dist):
 def _is_diagonal(dist):
   """Whether the classes of `dist` make its precision diagonal (False
   where they do not tell: such a distribution is taken as dense)."""
+  if isinstance(dist, DiagonalMomentum):
+    return True
   model = _joint_model(dist, subclasses=True)
   if model is not None:
     values = model.values() if isinstance(model, dict) else model
@@ -160,6 +286,8 @@ def structure_dtype(distribution):
   own `dtype` traces a sample in a scratch graph, which TFP's bijector cache
   then keeps alive with every tensor of the step's graph it captured (the
   target's data among them)."""
+  if isinstance(distribution, DiagonalMomentum):
+    return [f.dtype for f in distribution.precision_factors]
   model = _joint_model(distribution)
   if isinstance(model, dict):
     return {k: structure_dtype(d) for k, d in model.items()}
@@ -186,6 +314,8 @@ def _log_prob_uncached(dist, value):
   its output lives; a reshape's output is a tensor of the step's graph, so
   the cache would keep the graph, and the target data it captures, alive
   after the kernel and the target are dropped."""
+  if isinstance(dist, DiagonalMomentum):
+    dist = dist.as_distribution()
   model = _joint_model(dist)
   if model is not None:
     keys = model if isinstance(model, dict) else range(len(model))
@@ -243,6 +373,8 @@ def _read_diagonal_precision(distribution, parts):
   precision factor f: precision f**2), or None for another form. Reading
   it needs no gradient tape inside the step, whose gradient XLA cannot
   compile when a caller's tape records the step."""
+  if isinstance(distribution, DiagonalMomentum):
+    return distribution.precisions(parts)
   if type(distribution) is not tfd.JointDistributionSequential:   # pylint: disable=unidiomatic-typecheck
     return None
   model = _joint_model(distribution)

@@ -1,5 +1,7 @@
 """Shared pytest setup: quiet TensorFlow, make `tests/` importable, register
-marks, and a fixture that runs a script in a fresh Python process."""
+marks, a fixture that runs a script in a fresh Python process, and one
+that counts a class's constructions."""
+import inspect
 import json
 import os
 import subprocess
@@ -40,3 +42,21 @@ def fresh_python(tmp_path):
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     return json.loads(done.stdout.strip().splitlines()[-1])
   return run
+
+
+@pytest.fixture
+def constructions(monkeypatch):
+  """`count(cls)`: a list that gets an entry at each `cls(...)` from now
+  on (TFP's composite tensors run their constructors when rebuilt)."""
+  def count(cls):
+    built = []
+    init = cls.__init__
+    def counting_init(self, *args, **kwargs):
+      built.append(1)
+      init(self, *args, **kwargs)
+    # TFP's composite tensors read their parameters off __init__'s
+    # signature.
+    counting_init.__signature__ = inspect.signature(init)
+    monkeypatch.setattr(cls, "__init__", counting_init)
+    return built
+  return count

@@ -266,3 +266,64 @@ def test_a_dense_metric_in_a_v1_graph(graph):
         draws = session.run(out)
   assert draws.shape == (2, 3)
   assert np.all(np.isfinite(draws))
+
+
+def test_the_default_metric_crosses_a_tf_function_without_tfps_constructors(
+    constructions):
+  # The default (identity) metric the results carry is a DiagonalMomentum:
+  # it stands for TFP's distribution (the form DiagonalMassMatrixAdaptation
+  # updates) and is rebuilt from its tensors at a tf.function's call
+  # without running TFP's constructors (about ten milliseconds of Python a
+  # call, more than a cheap model's ten steps).
+  kernel = nuts.NoUTurnSampler(
+      lambda x: -0.5 * tf.reduce_sum((x / SCALES) ** 2, -1), 0.5,
+      max_tree_depth=3)
+  init = tf.zeros([3, 5], tf.float64)
+  results = kernel.bootstrap_results(init)
+  metric = results.momentum_distribution
+  assert isinstance(metric, nuts.momentum.DiagonalMomentum)
+  p = tf.random.stateless_normal([3, 5], [1, 2], dtype=tf.float64)
+  standard = tfd.MultivariateNormalDiag(tf.zeros(5, tf.float64))
+  np.testing.assert_allclose(metric.log_prob([p]), standard.log_prob(p),
+                             rtol=1e-12)
+  model = metric.model
+  assert isinstance(model[0], tfd.BatchBroadcast)
+  np.testing.assert_allclose(metric.variance()[0], np.ones([3, 5]))
+  built = constructions(tfp.experimental.distributions
+                        .MultivariateNormalPrecisionFactorLinearOperator)
+  step = tf.function(lambda s, r: kernel.one_step(s, r, seed=[1, 2]))
+  state, new_results = step(init, results)
+  del built[:]
+  state, new_results = step(state, new_results)
+  assert not built
+  assert isinstance(new_results.momentum_distribution,
+                    nuts.momentum.DiagonalMomentum)
+
+
+def test_mass_matrix_adaptation_with_estimation_steps_reads_the_default():
+  # DiagonalMassMatrixAdaptation with num_estimation_steps keeps the inner
+  # kernel's metric until its estimation ends, then rewrites it from the
+  # default one (`copy(model=...)`), which stays a DiagonalMomentum so that
+  # the results keep one type through sample_chain's loop.
+  kernel = tfp.experimental.mcmc.DiagonalMassMatrixAdaptation(
+      nuts.NoUTurnSampler(_scaled_target().log_prob, 1e-2, max_tree_depth=6),
+      initial_running_variance=(
+          tfp.experimental.stats.RunningVariance.from_stats(
+              num_samples=tf.constant(1., tf.float64),
+              mean=tf.zeros(5, tf.float64), variance=tf.ones(5, tf.float64))),
+      num_estimation_steps=150)
+
+  @tf.function(autograph=False)
+  def run():
+    return tfp.mcmc.sample_chain(
+        200, tf.zeros([8, 5], tf.float64), kernel=kernel, seed=[3, 5],
+        trace_fn=lambda _, r: r.inner_results.momentum_distribution
+        .precision_factors[0])
+
+  _, factors = run()
+  factors = factors.numpy()
+  np.testing.assert_array_equal(factors[:149], 1.)
+  # From step 150 on: the square root of the variance estimated then.
+  assert np.all(np.isfinite(factors[149:])) and np.all(factors[149:] > 0)
+  assert not np.allclose(factors[149], 1.)
+  np.testing.assert_array_equal(factors[149:], factors[149:150].repeat(51, 0))
