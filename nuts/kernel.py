@@ -356,11 +356,11 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     `bootstrap_results` does: where the answer is known only when the
     graph runs, the asking adds that graph's assertion. `known`: the
     answer, where a call of the target gave it
-    (`target_checks.start_values`)."""
+    (`target_checks.start_values`): then nothing is asked."""
     def ask():
       return target_checks.chain_parameters(
           self.target_log_prob_fn, parts, structure, chain_ndims)
-    answer = ask() if check else known
+    answer = known if known is not None else ask() if check else None
     shapes = tuple(None if p.shape.rank is None else tuple(p.shape.as_list())
                    for p in parts)
     return shared_programs.shared_value(
@@ -427,8 +427,7 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
         self.target_log_prob_fn, parts, structure)
     chain_states.check_log_density(logp, parts)
     chain_states.check_chain_rank(logp)
-    self._chain_parameters(parts, structure, logp.shape.rank,
-                           check=chain_parameters is None,
+    self._chain_parameters(parts, structure, logp.shape.rank, check=True,
                            known=chain_parameters)
     logp = chain_states.check_finite_start(logp)
     step_size = self.step_size

@@ -41,7 +41,8 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 __all__ = ["DIAGONAL", "DENSE", "DiagonalMomentum", "default_distribution",
-           "as_carried", "kind", "diagonal_precision", "dense_factor", "check_gaussian"]
+           "as_carried", "kind", "diagonal_precision", "dense_factor",
+           "check_gaussian"]
 
 tfb = tfp.bijectors
 tfd = tfp.distributions
@@ -126,15 +127,9 @@ class DiagonalMomentum(tf.__internal__.CompositeTensor):
 
   def precisions(self, parts):
     """Each part's diagonal precision, shaped like the parts."""
-    out = []
-    for factor, event_shape, part in zip(self.precision_factors,
-                                         self.event_shapes, parts):
-      shape = tf.shape(part)
-      flat_shape = tf.concat([shape[:tf.rank(part) - len(event_shape)],
-                              tf.shape(factor)[-1:]], 0)
-      out.append(tf.reshape(tf.broadcast_to(tf.square(factor), flat_shape),
-                            shape))
-    return out
+    return [_precision_like(factor, len(event_shape), part)
+            for factor, event_shape, part in zip(
+                self.precision_factors, self.event_shapes, parts)]
 
   @property
   def model(self):
@@ -154,10 +149,11 @@ class DiagonalMomentum(tf.__internal__.CompositeTensor):
     and its `choose` of old and new results need); else the TFP
     distribution."""
     if set(overrides) == {"model"}:
-      factors = [_diagonal_factor(part) for part in overrides["model"]]
-      if (len(factors) == len(self.precision_factors)
-          and all(f is not None for f in factors)):
-        return DiagonalMomentum(factors, self.event_shapes)
+      read = [_diagonal_factor(part) for part in overrides["model"]]
+      if (len(read) == len(self.precision_factors)
+          and all(r is not None for r in read)):
+        return DiagonalMomentum([factor for factor, _ in read],
+                                self.event_shapes)
     return self.as_distribution().copy(**overrides)
 
   def __getattr__(self, name):
@@ -173,15 +169,26 @@ class DiagonalMomentum(tf.__internal__.CompositeTensor):
 
 
 def _diagonal_factor(part):
-  """The diagonal precision factor [chains..., n] of a part in the form
-  `_adaptable_part` builds, else None."""
+  """`(factor, event rank)` of a part in the form `_adaptable_part`
+  builds: its diagonal precision factor [chains..., n] and the rank of the
+  state part it is reshaped to; else None."""
   normal, reshape = _unwrap_part(part)
   if (reshape is not None
       and isinstance(normal, tfp.experimental.distributions
                      .MultivariateNormalPrecisionFactorLinearOperator)
       and isinstance(normal.precision_factor, tf.linalg.LinearOperatorDiag)):
-    return normal.precision_factor.diag_part()
+    return (normal.precision_factor.diag_part(),
+            tf.size(reshape.parameters["event_shape_out"]))
   return None
+
+
+def _precision_like(factor, event_rank, part):
+  """The diagonal precision f**2 of a flat factor f [chains..., n] (or
+  [n]), shaped like the state part of event rank `event_rank`."""
+  shape = tf.shape(part)
+  flat_shape = tf.concat([shape[:tf.rank(part) - event_rank],
+                          tf.shape(factor)[-1:]], 0)
+  return tf.reshape(tf.broadcast_to(tf.square(factor), flat_shape), shape)
 
 
 class _DiagonalMomentumSpec(tf.TypeSpec):
@@ -380,23 +387,11 @@ def _read_diagonal_precision(distribution, parts):
   model = _joint_model(distribution)
   if model is None or len(model) != len(parts):
     return None
-  precisions = []
-  for dist, part in zip(model, parts):
-    normal, reshape = _unwrap_part(dist)
-    if not (reshape is not None
-            and isinstance(normal, tfp.experimental.distributions
-                           .MultivariateNormalPrecisionFactorLinearOperator)
-            and isinstance(normal.precision_factor,
-                           tf.linalg.LinearOperatorDiag)):
-      return None
-    event_rank = tf.size(reshape.parameters["event_shape_out"])
-    factor = normal.precision_factor.diag_part()
-    shape = tf.shape(part)
-    flat_shape = tf.concat([shape[:tf.rank(part) - event_rank],
-                            tf.shape(factor)[-1:]], 0)
-    precisions.append(tf.reshape(
-        tf.broadcast_to(tf.square(factor), flat_shape), shape))
-  return precisions
+  read = [_diagonal_factor(dist) for dist in model]
+  if any(r is None for r in read):
+    return None
+  return [_precision_like(factor, event_rank, part)
+          for (factor, event_rank), part in zip(read, parts)]
 
 
 def diagonal_precision(distribution, parts):

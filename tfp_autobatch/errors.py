@@ -69,9 +69,9 @@ class XlaUnsupportedError(AutobatchError):
   `tf.function(jit_compile=True)`) uses operations XLA has no kernel for
   (`tf.numpy_function`, `tf.py_function`, `tf.print`, ...). The message
   names each, and the line that made it where the operation's trace shows
-  one; `ops` holds one `tf.Operation` of each type. (No constructor of its own: AutoGraph re-raises an error
-  from a converted caller by its type only where that takes the message
-  alone.)"""
+  one; `ops` holds one `tf.Operation` of each type. (No constructor of
+  its own: AutoGraph re-raises an error from a converted caller by its
+  type only where that takes the message alone.)"""
 
   ops = ()
 
