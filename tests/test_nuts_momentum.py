@@ -273,8 +273,8 @@ def test_the_default_metric_crosses_a_tf_function_without_tfps_constructors(
   # The default (identity) metric the results carry is a DiagonalMomentum:
   # it stands for TFP's distribution (the form DiagonalMassMatrixAdaptation
   # updates) and is rebuilt from its tensors at a tf.function's call
-  # without running TFP's constructors (about ten milliseconds of Python a
-  # call, more than a cheap model's ten steps).
+  # without running TFP's constructors (which cost a cheap model more than
+  # its steps).
   kernel = nuts.NoUTurnSampler(
       lambda x: -0.5 * tf.reduce_sum((x / SCALES) ** 2, -1), 0.5,
       max_tree_depth=3)
