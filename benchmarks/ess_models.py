@@ -83,6 +83,18 @@ def make_model(name):
   raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
 
 
+def as_problem(model, step_size=None):
+  """`model` as a `nuts_problems.Problem` (what `benchmarks.nuts_vm_steps`
+  and `benchmarks.nuts_profile` take apart): its target, the ESS
+  benchmark's starts for seed 0, and `step_size` (default the model's
+  initial one); no Stan program."""
+  return nuts_problems.Problem(
+      model.name, model.num_dims, model.target_log_prob,
+      lambda num_chains: initial_state(model, num_chains, 0),
+      model.step_size if step_size is None else step_size, None, None, None,
+      model.description)
+
+
 def initial_state(model, num_chains, seed):
   """Stan's starts: uniform(-2, 2) in the unconstrained space, float32,
   the same for every system given (model, chains, seed)."""

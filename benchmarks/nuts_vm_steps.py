@@ -15,7 +15,13 @@ compiled kernels start slow), hence microseconds per VM step, the
 first call's seconds (conversion, tracing and XLA compilation) and the
 TensorFlow ops the trace built (`traced_ops`). With
 `--num_data` small, the logistic regression's gradient is nearly free and
-what remains is the VM's own cost.
+what remains is the VM's own cost. `--model` takes an ESS benchmark model
+instead (`benchmarks/ess_models.py`, e.g. eight_schools, from its starts),
+and `--tfp` also times `tfp.mcmc.NoUTurnSampler`'s transition from the
+same state and seed: its trajectories are not ours (another random
+stream), so compare the time per lockstep leapfrog (`us_per_max_leapfrog`:
+the transition's time over the most leapfrogs any chain took, which the
+batch waits for in both kernels).
 """
 import collections
 import functools
@@ -26,7 +32,10 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+import tensorflow_probability as tfp
+
 import nuts
+from benchmarks import ess_models
 from benchmarks import machine as machine_lib
 from benchmarks import nuts as nuts_bench
 from benchmarks import nuts_problems
@@ -127,6 +136,43 @@ def time_transitions(transition, warmup, repeats):
   return time_calls(transition.run, warmup, repeats)
 
 
+def _lockstep(seconds, leapfrogs_taken):
+  """The most leapfrogs any chain took, and `seconds` per such leapfrog
+  in microseconds: the batch's cost per leapfrog, which waits for its
+  longest trajectory."""
+  most = int(np.max(leapfrogs_taken))
+  return {"max_leapfrogs": most, "us_per_max_leapfrog": seconds / most * 1e6}
+
+
+def measure_tfp(problem, chains, repeats, warmup=10, jit_compile=False):
+  """One record of `tfp.mcmc.NoUTurnSampler`'s transition from the
+  fixed state and seed `fixed_transition` takes, timed as `measure`
+  times ours (no VM steps: its kernel has none)."""
+  kernel = tfp.mcmc.NoUTurnSampler(problem.target_log_prob,
+                                   problem.step_size)
+  state = tf.constant(problem.initial_state(chains))
+  results = kernel.bootstrap_results(state)
+  seed = tf.constant([0, 7])
+  step = tf.function(
+      lambda state, results, seed: kernel.one_step(state, results,
+                                                   seed=seed),
+      jit_compile=jit_compile)
+
+  def run():
+    out = step(state, results, seed)[1]
+    out.target_log_prob.numpy()
+    return out
+  out, first, times = time_calls(run, warmup, repeats)
+  median = float(np.median(times))
+  return {
+      "problem": problem.name, "backend": "tfp", "batch_size": chains,
+      "jit_compile": jit_compile, "num_dims": problem.num_dims,
+      "warmup": warmup, "leapfrogs": int(np.sum(out.leapfrogs_taken)),
+      "first_call_sec": first, "min_sec": min(times), "median_sec": median,
+      **_lockstep(median, out.leapfrogs_taken),
+  }
+
+
 def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
             chains_known_at_trace=True, jit_compile=False):
   """One record: VM steps and timings of one fixed transition."""
@@ -154,6 +200,7 @@ def measure(problem, chains, num_trajectories, repeats, backend, warmup=10,
       "traced_ops": traced_ops(transition.concrete()),
       "min_sec": min(times), "median_sec": float(np.median(times)),
       "us_per_vm_step": float(np.median(times)) / steps * 1e6,
+      **_lockstep(float(np.median(times)), out.leapfrogs_taken),
   }
 
 
@@ -166,6 +213,13 @@ def define_transition_flags(fv):
   flags.DEFINE_enum("problem", "correlated_gaussian", nuts_problems.PROBLEMS,
                     "Target (see benchmarks/nuts_problems.py).",
                     flag_values=fv)
+  flags.DEFINE_enum("model", None, ess_models.MODELS,
+                    "An ESS benchmark model (benchmarks/ess_models.py) "
+                    "instead of --problem, from the ESS benchmark's starts.",
+                    flag_values=fv)
+  flags.DEFINE_float("step_size", None,
+                     "Step size (default: the problem's or model's).",
+                     flag_values=fv)
   flags.DEFINE_integer("num_trajectories_per_step", 1,
                        "Trajectories fused into one transition.",
                        flag_values=fv)
@@ -188,6 +242,9 @@ def define_flags(flag_values=None):
                     flag_values=fv)
   flags.DEFINE_integer("repeats", 25, "Timed transitions.", flag_values=fv)
   flags.DEFINE_string("backend", "pc:xla", "A pc backend.", flag_values=fv)
+  flags.DEFINE_bool("tfp", False,
+                    "Also time tfp.mcmc.NoUTurnSampler's transition from "
+                    "the same state and seed.", flag_values=fv)
   flags.DEFINE_bool("chains_known_at_trace", True,
                     "Trace the transition with the number of chains static "
                     "(as a fixed state gives it); false traces it with that "
@@ -207,10 +264,21 @@ def define_flags(flag_values=None):
 
 
 def problem_from_flags(fv):
-  """The problem that `--problem`, `--num_dims` and `--num_data` name."""
+  """The problem that `--problem` (or `--model`), `--num_dims`,
+  `--num_data` and `--step_size` name."""
   sizes = {k: v for k, v in (("num_dims", fv.num_dims),
                              ("num_data", fv.num_data)) if v is not None}
-  return nuts_problems.make_problem(fv.problem, **sizes)
+  if fv.model is not None:
+    if sizes:
+      raise ValueError(
+          "--num_dims and --num_data size --problem's targets; an ESS "
+          "model (--model) has its own size")
+    return ess_models.as_problem(ess_models.make_model(fv.model),
+                                 fv.step_size)
+  problem = nuts_problems.make_problem(fv.problem, **sizes)
+  if fv.step_size is not None:
+    problem = problem._replace(step_size=fv.step_size)
+  return problem
 
 
 def write_results(path, **payload):
@@ -237,8 +305,18 @@ def run_from_flags(fv):
           f"{r['leapfrogs']} leapfrogs, {r['model_calls']} model calls, "
           f"median {r['median_sec'] * 1e3:.2f} ms"
           f" (fastest {r['min_sec'] * 1e3:.2f} ms), "
-          f"{r['us_per_vm_step']:.1f} us per VM step; first call "
-          f"{r['first_call_sec']:.1f} s, {r['traced_ops']:,} ops traced")
+          f"{r['us_per_vm_step']:.1f} us per VM step, "
+          f"{r['us_per_max_leapfrog']:.1f} us per lockstep leapfrog; first "
+          f"call {r['first_call_sec']:.1f} s, {r['traced_ops']:,} ops traced")
+    if fv.tfp:
+      t = measure_tfp(problem, chains, fv.repeats, fv.warmup, fv.jit_compile)
+      records.append(t)
+      print(f"  tfp.mcmc.NoUTurnSampler: {t['leapfrogs']} leapfrogs (at most "
+            f"{t['max_leapfrogs']} a chain), median "
+            f"{t['median_sec'] * 1e3:.2f} ms, "
+            f"{t['us_per_max_leapfrog']:.1f} us per lockstep leapfrog "
+            f"(ours / TFP's: "
+            f"{r['us_per_max_leapfrog'] / t['us_per_max_leapfrog']:.2f}x)")
   if fv.output:
     write_results(fv.output, records=records)
   return records

@@ -540,6 +540,41 @@ def test_vm_steps_benchmark_times_the_same_transition_compiled_whole():
                              rtol=1e-5)
 
 
+def test_vm_steps_benchmark_takes_an_ess_model_and_times_tfp_beside(
+    capsys):
+  """--model takes an ESS benchmark model from its starts and --step_size
+  sets the step; --tfp adds tfp.mcmc.NoUTurnSampler's transition from the
+  same state, compared per lockstep leapfrog (its trajectories are not
+  ours)."""
+  from absl import flags
+  from benchmarks import ess_models
+  from benchmarks import nuts_vm_steps
+  fv = flags.FlagValues()
+  nuts_vm_steps.define_flags(fv)
+  fv(["prog", "--model=eight_schools", "--step_size=0.25",
+      "--batch_sizes=2", "--repeats=1", "--warmup=0", "--backend=pc:graph",
+      "--tfp"])
+  ours, theirs = nuts_vm_steps.run_from_flags(fv)
+  model = ess_models.make_model("eight_schools")
+  assert (ours["problem"], ours["num_dims"]) == ("eight_schools",
+                                                 model.num_dims)
+  assert (ours["backend"], theirs["backend"]) == ("pc:graph", "tfp")
+  for record in (ours, theirs):
+    assert record["batch_size"] == 2
+    assert 0 < record["max_leapfrogs"] <= record["leapfrogs"]
+    assert record["us_per_max_leapfrog"] == pytest.approx(
+        record["median_sec"] / record["max_leapfrogs"] * 1e6)
+  assert "vm_steps" not in theirs
+  assert "ours / TFP's" in capsys.readouterr().out
+  problem = nuts_vm_steps.problem_from_flags(fv)
+  assert problem.step_size == 0.25
+  np.testing.assert_array_equal(problem.initial_state(3),
+                                ess_models.initial_state(model, 3, 0))
+  fv.num_dims = 4
+  with pytest.raises(ValueError, match="has its own size"):
+    nuts_vm_steps.problem_from_flags(fv)
+
+
 def test_profile_charges_every_kernel_to_a_block_the_loop_or_around(
     tmp_path, capsys):
   """benchmarks.nuts_profile (driven by its flags): the profiled kernels
