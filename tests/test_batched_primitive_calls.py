@@ -82,18 +82,18 @@ def test_model_outputs_stop_xla_constant_inference_at_no_cost():
 
 def test_a_few_members_need_no_member_buckets():
   # Up to ALL_ROWS_UP_TO rows a model call runs on all of them or not at
-  # all: the compiled VM gathers no members (the stable sort that finds
-  # them is there at batch size 8) and traces the model for one size only.
-  def sorts(n):
+  # all: the compiled VM gathers no members (the ops that find them are
+  # there at batch size 8) and traces the model for one size only.
+  def gathers_members(n):
     runtime = pipeline.runtime(model_first, INT, "pc:xla")
     args = [tf.constant(n, tf.int32)]
     hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
         stage="hlo")
-    return [line for line in hlo.splitlines() if " sort(" in line]
+    return batched_primitive_calls.MEMBERS_FIRST in hlo
   assert batched_primitive_calls.ALL_ROWS_UP_TO == 4
-  assert sorts(np.arange(8))
-  assert not sorts(np.arange(4))
-  assert not sorts(np.array([3]))
+  assert gathers_members(np.arange(8))
+  assert not gathers_members(np.arange(4))
+  assert not gathers_members(np.array([3]))
   np.testing.assert_array_equal(model_first(np.array([3], np.int32),
                                             backend="pc:xla"), [12])
   # model_first(n) on n = 0..3 calls the model with 4, 3, 2, 1 members:
@@ -118,3 +118,27 @@ def test_member_buckets_halve_the_batch_down_to_one_row():
   # A batch size unknown at trace time: a fixed number of sizes.
   z = tf.constant(13)
   assert [int(s) for s in sizes(z, None)] == [7, 4, 2]
+
+
+def test_members_first_orders_rows_as_a_stable_sort_by_membership_would():
+  """A bucket takes the members' rows in row order, then the others',
+  without a sort (XLA's CPU sort calls a comparator per comparison): the
+  order a stable argsort of the non-members would give, eagerly and
+  compiled."""
+  rng = np.random.default_rng(0)
+  compiled = tf.function(batched_primitive_calls._members_first,  # pylint: disable=protected-access
+                         jit_compile=True, autograph=False)
+  for z in (1, 2, 7, 64):
+    for members in [np.zeros(z, bool), np.ones(z, bool)] + [
+        rng.random(z) < p for p in (0.1, 0.5, 0.9)]:
+      want = np.argsort(~members, kind="stable")
+      args = (tf.constant(members), tf.constant(int(members.sum())))
+      np.testing.assert_array_equal(
+          batched_primitive_calls._members_first(*args), want)  # pylint: disable=protected-access
+      np.testing.assert_array_equal(compiled(*args), want)
+  runtime = pipeline.runtime(model_first, INT, "pc:xla")
+  args = [tf.constant(np.arange(8), tf.int32)]
+  hlo = runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
+      stage="hlo")
+  assert batched_primitive_calls.MEMBERS_FIRST in hlo
+  assert " sort(" not in hlo

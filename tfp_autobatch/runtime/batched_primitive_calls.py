@@ -78,11 +78,7 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
 
   def bucket(size):
     def run():
-      # Members first, in row order: one stable sort finds the rows to
-      # take (`_to_all_rows` puts them back with a running count, cheaper
-      # than sorting back).
-      order = tf.argsort(tf.cast(tf.logical_not(members), tf.int32),
-                         stable=True)[:size]
+      order = _members_first(members, count)[:size]
       taken = tf.nest.map_structure(lambda x: tf.gather(x, order), ins)
       return _to_all_rows(kernel_for(size)(size, *taken), members,
                           size), size
@@ -94,6 +90,25 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
                               + [skip])
   return opaque_to_constant_inference(outs), rows, count
+
+
+# The name scope of the ops that gather a bucket's members (`_members_first`).
+MEMBERS_FIRST = "members_first"
+
+
+def _members_first(members, count):
+  """The rows of the members in row order, then the other rows in row
+  order (`count` is the members'). Each row's place is a running count, and
+  one scatter puts the rows there: XLA's CPU sort, which a stable
+  `tf.argsort` of the rows by membership would be, calls a comparator per
+  comparison and cost several times the scatter on every bucketed call.
+  `_to_all_rows` puts the rows back with the same running count."""
+  with tf.name_scope(MEMBERS_FIRST):
+    member = tf.cast(members, tf.int32)
+    before = tf.cumsum(member, exclusive=True)   # members before each row
+    rows = tf.range(tf.size(member))
+    place = tf.where(members, before, count + rows - before)
+    return tf.scatter_nd(place[:, tf.newaxis], rows, tf.shape(member))
 
 
 def _to_all_rows(outs, members, size):
