@@ -265,19 +265,22 @@ def define_flags(flag_values=None):
 
 def problem_from_flags(fv):
   """The problem that `--problem` (or `--model`), `--num_dims`,
-  `--num_data` and `--step_size` name."""
+  `--num_data` and `--step_size` name; `--model` and `--step_size` only
+  where the program defines them (`benchmarks.nuts_fixed_costs` does
+  not)."""
   sizes = {k: v for k, v in (("num_dims", fv.num_dims),
                              ("num_data", fv.num_data)) if v is not None}
-  if fv.model is not None:
+  model, step_size = (fv[name].value if name in fv else None
+                      for name in ("model", "step_size"))
+  if model is not None:
     if sizes:
       raise ValueError(
           "--num_dims and --num_data size --problem's targets; an ESS "
           "model (--model) has its own size")
-    return ess_models.as_problem(ess_models.make_model(fv.model),
-                                 fv.step_size)
+    return ess_models.as_problem(ess_models.make_model(model), step_size)
   problem = nuts_problems.make_problem(fv.problem, **sizes)
-  if fv.step_size is not None:
-    problem = problem._replace(step_size=fv.step_size)
+  if step_size is not None:
+    problem = problem._replace(step_size=step_size)
   return problem
 
 
