@@ -31,7 +31,6 @@ import time
 from absl import flags
 import numpy as np
 import tensorflow as tf
-
 import tensorflow_probability as tfp
 
 import nuts
