@@ -87,6 +87,15 @@ def fixed_transition(problem, chains, num_trajectories, backend="pc:xla",
       functools.partial(problem.target_log_prob), problem.step_size,
       backend=backend,
       num_trajectories_per_step=num_trajectories)
+  return transition_of(kernel, problem, chains, chains_known_at_trace,
+                       jit_compile)
+
+
+def transition_of(kernel, problem, chains, chains_known_at_trace=True,
+                  jit_compile=False):
+  """`kernel`'s `FixedTransition` from `problem`'s start on `chains`
+  chains and a fixed seed (`fixed_transition`'s, for any NUTS kernel
+  whose results have `target_log_prob`)."""
   state = tf.constant(problem.initial_state(chains))
   results = kernel.bootstrap_results(state)
   seed = tf.constant([0, 7])
@@ -149,19 +158,9 @@ def measure_tfp(problem, chains, repeats, warmup=10, jit_compile=False):
   times ours (no VM steps: its kernel has none)."""
   kernel = tfp.mcmc.NoUTurnSampler(problem.target_log_prob,
                                    problem.step_size)
-  state = tf.constant(problem.initial_state(chains))
-  results = kernel.bootstrap_results(state)
-  seed = tf.constant([0, 7])
-  step = tf.function(
-      lambda state, results, seed: kernel.one_step(state, results,
-                                                   seed=seed),
-      jit_compile=jit_compile)
-
-  def run():
-    out = step(state, results, seed)[1]
-    out.target_log_prob.numpy()
-    return out
-  out, first, times = time_calls(run, warmup, repeats)
+  out, first, times = time_transitions(
+      transition_of(kernel, problem, chains, jit_compile=jit_compile),
+      warmup, repeats)
   median = float(np.median(times))
   return {
       "problem": problem.name, "backend": "tfp", "batch_size": chains,

@@ -360,7 +360,9 @@ class NoUTurnSampler(tfp.mcmc.TransitionKernel):
     def ask():
       return target_checks.chain_parameters(
           self.target_log_prob_fn, parts, structure, chain_ndims)
-    answer = known if known is not None else ask() if check else None
+    answer = known
+    if answer is None and check:
+      answer = ask()
     shapes = tuple(None if p.shape.rank is None else tuple(p.shape.as_list())
                    for p in parts)
     return shared_programs.shared_value(

@@ -132,7 +132,9 @@ def test_members_first_orders_rows_as_a_stable_sort_by_membership_would():
     for members in [np.zeros(z, bool), np.ones(z, bool)] + [
         rng.random(z) < p for p in (0.1, 0.5, 0.9)]:
       want = np.argsort(~members, kind="stable")
-      args = (tf.constant(members), tf.constant(int(members.sum())))
+      before = batched_primitive_calls._members_before(members)  # pylint: disable=protected-access
+      args = (tf.constant(members), before,
+              tf.constant(int(members.sum())))
       np.testing.assert_array_equal(
           batched_primitive_calls._members_first(*args), want)  # pylint: disable=protected-access
       np.testing.assert_array_equal(compiled(*args), want)

@@ -78,9 +78,10 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
 
   def bucket(size):
     def run():
-      order = _members_first(members, count)[:size]
+      before = _members_before(members)
+      order = _members_first(members, before, count)[:size]
       taken = tf.nest.map_structure(lambda x: tf.gather(x, order), ins)
-      return _to_all_rows(kernel_for(size)(size, *taken), members,
+      return _to_all_rows(kernel_for(size)(size, *taken), before,
                           size), size
     return run
 
@@ -96,28 +97,31 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
 MEMBERS_FIRST = "members_first"
 
 
-def _members_first(members, count):
+def _members_before(members):
+  """Each row's count of the members before it: a member's slot among
+  the gathered rows (`_members_first` and `_to_all_rows` share it)."""
+  return tf.cumsum(tf.cast(members, tf.int32), exclusive=True)
+
+
+def _members_first(members, before, count):
   """The rows of the members in row order, then the other rows in row
-  order (`count` is the members'). Each row's place is a running count, and
-  one scatter puts the rows there: XLA's CPU sort, which a stable
-  `tf.argsort` of the rows by membership would be, calls a comparator per
-  comparison and cost several times the scatter on every bucketed call.
-  `_to_all_rows` puts the rows back with the same running count."""
+  order (`before`: `_members_before(members)`; `count`: the members').
+  Each row's place follows from the running count, and one scatter puts
+  the rows there: XLA's CPU sort, which a stable `tf.argsort` of the rows
+  by membership would be, calls a comparator per comparison and cost
+  several times the scatter on every bucketed call."""
   with tf.name_scope(MEMBERS_FIRST):
-    member = tf.cast(members, tf.int32)
-    before = tf.cumsum(member, exclusive=True)   # members before each row
-    rows = tf.range(tf.size(member))
+    rows = tf.range(tf.size(before))
     place = tf.where(members, before, count + rows - before)
-    return tf.scatter_nd(place[:, tf.newaxis], rows, tf.shape(member))
+    return tf.scatter_nd(place[:, tf.newaxis], rows, tf.shape(before))
 
 
-def _to_all_rows(outs, members, size):
+def _to_all_rows(outs, before, size):
   """Outputs computed on the members gathered into `size` rows (members
-  first, in row order), on all Z rows: member i's are in its slot, the
-  count of members before it; the other rows get the next member's (or
-  the last row's)."""
-  slot = tf.minimum(tf.cumsum(tf.cast(members, tf.int32), exclusive=True),
-                    size - 1)
+  first, in row order), on all Z rows: member i's are in its slot,
+  `before[i]` (`_members_before`), the count of members before it; the
+  other rows get the next member's (or the last row's)."""
+  slot = tf.minimum(before, size - 1)
   return tf.nest.map_structure(lambda y: tf.gather(y, slot), list(outs))
 
 
@@ -132,7 +136,8 @@ def on_members_exactly(kernel, members, ins, skip, eager):
 
   def compute():
     taken = tf.nest.map_structure(lambda x: tf.gather(x, rows), ins)
-    return _to_all_rows(kernel(count, *taken), members, count), count
+    return _to_all_rows(kernel(count, *taken), _members_before(members),
+                        count), count
 
   if eager:
     outs, computed = compute() if int(count) else skip()
