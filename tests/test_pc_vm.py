@@ -274,3 +274,45 @@ def test_pc_graph_results_keep_the_static_batch_size_in_a_graph():
                          (0, n))[1]
   np.testing.assert_array_equal(twice(tf.constant([3, 6, 1, 5])),
                                 [1, 21, 1, 5])
+
+
+_SCALE = tf.constant(3.)          # a model parameter, as TFP stores one
+_DATA = tf.range(5000, dtype=tf.float32)   # data too large to copy
+
+
+@tab.batched_primitive
+def _scaled_model(x):
+  return x * tf.math.log(_SCALE) + tf.reduce_sum(_DATA) * 0.
+
+
+@tab.batch
+def _scaled_steps(x, n):
+  while n > 0:
+    x = _scaled_model(x)
+    n = n - 1
+  return x
+
+
+def test_a_model_computes_from_its_small_eager_tensors_once():
+  # A batched primitive (the user's model) that reads eager tensors: under
+  # pc:xla the small ones are constants of the VM's computation, so XLA
+  # computes what depends on them alone (log(3) here) when it compiles,
+  # not at every VM step in the conditional of the block that calls the
+  # model; the large one stays an argument of the computation.
+  x = np.array([1., 2., 3.], np.float32)
+  n = np.array([0, 1, 3], np.int32)
+  want = [v * np.log(3.) ** k for v, k in zip(x, n)]
+  np.testing.assert_allclose(_scaled_steps(x, n, backend="pc:xla"), want,
+                             rtol=1e-6)
+  runtime = pipeline.runtime(_scaled_steps,
+                             _scaled_steps._last_types,  # pylint: disable=protected-access
+                             "pc:xla")
+  args = [tf.constant(x), tf.constant(n)]
+  compiled = runtime.compiled_for(args)
+  hlo = compiled.experimental_get_compiler_ir(*args)(stage="optimized_hlo")
+  assert " log(" not in hlo
+  captured = compiled.get_concrete_function(*args).captured_inputs
+  assert any(c is _DATA for c in captured)
+  assert not any(c is _SCALE for c in captured)
+  np.testing.assert_allclose(_scaled_steps(x, n, backend="pc:graph"), want,
+                             rtol=1e-6)

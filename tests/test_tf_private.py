@@ -1,5 +1,6 @@
 """`_tf_private.call_concrete`: a traced function called at its flat inputs
-behaves as its own call does."""
+behaves as its own call does. `_tf_private.eager_captures_as_constants`:
+small eager tensors become constants of the graph that reads them."""
 import numpy as np
 import tensorflow as tf
 
@@ -81,3 +82,30 @@ def test_called_graphs_are_the_functions_an_operation_calls():
   # Found in the outermost graph, which holds every function within it.
   assert kinds(_tf_private.called_graphs(branch, graph)) == [
       "CondBranchFuncGraph", "CondBranchFuncGraph"]
+
+
+def test_small_eager_tensors_read_within_become_constants_of_the_graph():
+  scale = tf.constant(2.)
+  data = tf.range(5000.)   # more numbers than a constant may hold
+  flag = tf.constant([True, False])
+
+  @tf.function(autograph=False)
+  def f(x):
+    with _tf_private.eager_captures_as_constants():
+      with _tf_private.eager_captures_as_constants():   # nested: restored
+        y = x * scale
+      y = tf.where(flag, y + tf.reduce_sum(data), y)
+    return y, x * scale   # read after: captured as TensorFlow does
+  concrete = f.get_concrete_function(tf.TensorSpec([2]))
+  captured = concrete.captured_inputs
+  assert any(c is data for c in captured)
+  assert any(c is scale for c in captured)   # the read after the block
+  assert not any(c is flag for c in captured)
+  inside = [op for op in concrete.graph.get_operations()
+            if op.type == "Const" and op.get_attr("dtype") == tf.bool]
+  assert inside
+  y, z = f(tf.constant([1., 3.]))
+  np.testing.assert_allclose(y, [2. + 4999. * 5000. / 2., 6.])
+  np.testing.assert_allclose(z, [2., 6.])
+  graph = concrete.graph
+  assert graph.capture.__func__ is type(graph).capture

@@ -14,9 +14,14 @@ upgrade breaks here; setup.py pins TensorFlow 2.21.
 - `call_concrete`: a traced function called at its flat inputs.
 - `has_xla_kernel`, `called_graphs`: the kernel registry and the
   functions an operation calls, to find operations XLA has no kernel for (`xla_kernels`).
+- `eager_captures_as_constants`: a function graph's capture of eager
+  tensors, replaced while a model is traced (`vectorize`).
 """
+import contextlib
+
 import tensorflow as tf
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import,unused-import
+from tensorflow.python.framework import func_graph  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import kernels  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,unused-import
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import,unused-import
@@ -72,3 +77,59 @@ def called_graphs(op, library):
   functions = (library._functions.get(n) for n in names)  # pylint: disable=protected-access
   return [f.graph for f in functions
           if f is not None and getattr(f, "graph", None) is not None]
+
+
+# The most elements a captured eager tensor may have to be made a constant
+# of the graph that reads it (`eager_captures_as_constants`).
+CONSTANT_CAPTURE_MAX_ELEMENTS = 4096
+
+
+@contextlib.contextmanager
+def eager_captures_as_constants(max_elements=CONSTANT_CAPTURE_MAX_ELEMENTS):
+  """Within it, an eager tensor of at most `max_elements` numbers that
+  the default graph (a function's) reads becomes a constant of that
+  graph, where TensorFlow passes it in as an argument. An eager tensor's
+  value never changes, and TensorFlow captures it by value, so the
+  function computes what it did.
+
+  A model's parameters (a `tfd.Normal`'s scale, the data of a small
+  model) are such tensors. Passed in, they reach XLA as parameters of the
+  VM's computation, and what the model computes from them alone (the
+  logarithm of a scale, a reciprocal) is computed again at every VM step
+  that calls it: XLA moves such values out of a loop, but not out of the
+  conditional that runs one block. As constants, XLA computes them once,
+  when it compiles. Larger tensors (a regression's data) stay arguments:
+  a constant is copied into every computation that holds it."""
+  graph = tf.compat.v1.get_default_graph()
+  if not isinstance(graph, func_graph.FuncGraph):
+    yield   # a TF1 graph captures nothing
+    return
+  capture = graph.capture
+  # An enclosing use's replacement, restored after this one.
+  replaced = (None if getattr(capture, "__func__", None)
+              is func_graph.FuncGraph.capture else capture)
+  constants = {}
+
+  def capture_as_constant(tensor, name=None, shape=None):
+    if (isinstance(tensor, ops.EagerTensor)
+        and (tensor.dtype.is_floating or tensor.dtype.is_integer
+             or tensor.dtype.is_bool)
+        and tensor.shape.num_elements() <= max_elements):
+      key = id(tensor)
+      if key not in constants:
+        # Outside any control dependencies of the code being traced; the
+        # tensor is kept so that its id is not reused.
+        with graph.control_dependencies(None):
+          constants[key] = (tensor, tf.constant(tensor.numpy(),
+                                                tensor.dtype))
+      return constants[key][1]
+    return capture(tensor, name=name, shape=shape)
+
+  graph.capture = capture_as_constant
+  try:
+    yield
+  finally:
+    if replaced is None:
+      del graph.capture
+    else:
+      graph.capture = replaced

@@ -8,7 +8,9 @@ with XLA. A primitive that several blocks run (inlined or tail-duplicated
 code) is traced once and called from each. A `batched=True` primitive already
 maps over the batch and is called as is. A primitive whose code has
 rewritten subscripts returns one more output: each row's fault record
-(`subscripts`), the runtime's to act on.
+(`subscripts`), the runtime's to act on. Under XLA a batched primitive
+reads the small eager tensors it captures (a model's parameters) as
+constants (`_model_constants`).
 
 In a graph, pfor is called directly (`_pfor_in_graph`) rather than through
 `tf.vectorized_map`, which inside an XLA computation wraps every call in one
@@ -41,6 +43,7 @@ from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.operators import single_example
 from tfp_autobatch.operators.single_example import conform
 from tfp_autobatch.passes import infer_types
+from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import pfor_conditions
@@ -272,6 +275,21 @@ def _as_declared(op, ins, out_types):
   return outs
 
 
+def _model_constants(compiled_by_xla):
+  """Where a batched primitive (the user's model) is traced: under XLA,
+  with its small eager tensors as constants of its graph
+  (`_tf_private.eager_captures_as_constants`), so that XLA computes what
+  depends on them alone once, when it compiles, instead of at every VM
+  step that calls the model. Not where a gradient may reach them: a
+  tape that watches an eager tensor follows it into a function only
+  through its capture (so not for `pc:xla`'s gradient, nor under a tape
+  recording the trace)."""
+  if (compiled_by_xla and not _FOR_XLA_GRADIENT.get()
+      and not _tf_private.record.could_possibly_record()):
+    return _tf_private.eager_captures_as_constants()
+  return contextlib.nullcontext()
+
+
 def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
   """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive.
 
@@ -282,10 +300,11 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
   hold pfor's partitioned conditionals (`pfor_conditions`)."""
   if op.batched:
     def run_batched(n, *ins):
-      if op.code.declared_outputs is None:
-        outs = op.code.fn(*ins)
-      else:
-        outs = _as_declared(op, ins, out_types)
+      with _model_constants(compiled_by_xla):
+        if op.code.declared_outputs is None:
+          outs = op.code.fn(*ins)
+        else:
+          outs = _as_declared(op, ins, out_types)
       return _with_rows(tuple(conform(v, t) for v, t in zip(outs, out_types)),
                         n, op.code)
     return run_batched
