@@ -10,7 +10,7 @@ maps over the batch and is called as is. A primitive whose code has
 rewritten subscripts returns one more output: each row's fault record
 (`subscripts`), the runtime's to act on. Under XLA a batched primitive
 reads the small eager tensors it captures (a model's parameters) as
-constants (`_model_constants`).
+constants (`KernelCache.get`).
 
 In a graph, pfor is called directly (`_pfor_in_graph`) rather than through
 `tf.vectorized_map`, which inside an XLA computation wraps every call in one
@@ -275,32 +275,21 @@ def _as_declared(op, ins, out_types):
   return outs
 
 
-def _model_constants(compiled_by_xla):
-  """Where a batched primitive (the user's model) is traced: under XLA,
-  with its small eager tensors as constants of its graph
-  (`_tf_private.eager_captures_as_constants`), so that XLA computes what
-  depends on them alone once, when it compiles, instead of at every VM
-  step that calls the model. Not where a gradient may reach them: a
-  tape that watches an eager tensor follows it into a function only
-  through its capture (so not for `pc:xla`'s gradient, nor under a tape
-  recording the trace)."""
-  if (compiled_by_xla and not _FOR_XLA_GRADIENT.get()
-      and not _tf_private.record.could_possibly_record()):
-    return _tf_private.eager_captures_as_constants()
-  return contextlib.nullcontext()
-
-
-def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False):
+def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False,
+               model_constants=False):
   """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive.
 
   `inside_xla`: the kernel runs inside the VM's XLA computation, which
   then computes a value the primitive returns under several names once
   (see `_computed_once`). `compiled_by_xla`: XLA compiles it (so also
   `pc:graph` inside a user's `jit_compile`), and the VM's loop cannot
-  hold pfor's partitioned conditionals (`pfor_conditions`)."""
+  hold pfor's partitioned conditionals (`pfor_conditions`).
+  `model_constants`: a batched primitive reads its small eager tensors
+  as constants (`KernelCache.get`)."""
   if op.batched:
     def run_batched(n, *ins):
-      with _model_constants(compiled_by_xla):
+      with (_tf_private.eager_captures_as_constants() if model_constants
+            else contextlib.nullcontext()):
         if op.code.declared_outputs is None:
           outs = op.code.fn(*ins)
         else:
@@ -368,8 +357,19 @@ class KernelCache:
     compiled_by_xla = self.inside_xla or pfor_conditions.in_xla_context()
     if _FOR_XLA_GRADIENT.get():
       return batched_fn(op, out_types, self.inside_xla, compiled_by_xla)
+    # Under XLA a batched primitive (the user's model) reads its small
+    # eager tensors as constants (`_tf_private.eager_captures_as_constants`),
+    # so that XLA computes what depends on them alone once, when it
+    # compiles, instead of at every VM step that calls the model. Not
+    # where a gradient may reach them: a tape that watches an eager tensor
+    # follows it into a function only through its capture (so not for
+    # `pc:xla`'s gradient, above, nor under a tape recording the trace).
+    # The choice is part of the key: a kernel traced with constants must
+    # not serve a caller whose tape watches them.
+    model_constants = (op.batched and compiled_by_xla
+                       and not _tf_private.record.could_possibly_record())
     key = (op.code, op.batched, types_lib.hashable(tuple(in_types)),
-           batch_size, compiled_by_xla)
+           batch_size, compiled_by_xla, model_constants)
     kernel = self._kernels.get(key)
     if kernel is None:
       signature = [tf.TensorSpec([], tf.int32)] + [
@@ -379,7 +379,7 @@ class KernelCache:
       # kernel on its own instead of all kernels as one function.
       kernel = self._kernels[key] = tf.function(
           functools.partial(batched_fn(op, out_types, self.inside_xla,
-                                       compiled_by_xla)),
+                                       compiled_by_xla, model_constants)),
           input_signature=signature, jit_compile=self.jit_compile,
           autograph=False)
     return kernel
