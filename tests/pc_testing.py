@@ -46,8 +46,23 @@ def steps_on_graph_vm(program, *args, depth=16):
   return got.numpy(), runtime.stats.steps
 
 
+# A matrix product whose result `double_all` discards: it makes the
+# primitive cost about 51,000 floating-point operations a row by
+# TensorFlow's estimate, over `batched_primitive_calls`'s threshold, so that
+# pc:xla computes it on its members gathered into buckets, as it does a
+# costly model. (A cheap primitive runs on every row: `cheap_double_all`.)
+_WIDTH = 160
+
+
 @tab.batched_primitive
 def double_all(x):
+  rows = tf.ones([tf.shape(x)[0], _WIDTH])
+  unused = tf.reduce_sum(tf.matmul(rows, tf.ones([_WIDTH, _WIDTH])), 1)
+  return 2 * x + tf.cast(unused * 0., x.dtype)
+
+
+@tab.batched_primitive
+def cheap_double_all(x):
   return 2 * x
 
 

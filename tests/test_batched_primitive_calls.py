@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pc_testing import INT, model_first
+import tfp_autobatch as tab
+from pc_testing import INT, cheap_double_all, model_first
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import batched_primitive_calls
 
@@ -104,6 +105,48 @@ def test_a_few_members_need_no_member_buckets():
   assert model_first.last_stats.batched_primitive_rows == 4 * 4
   assert model_first.last_stats.batched_primitive_members == {
       4: 1, 3: 1, 2: 1, 1: 1}
+
+
+@tab.batch
+def cheap_model_first(n):
+  y = cheap_double_all(n)
+  if n <= 0:
+    return y
+  return cheap_model_first(n - 1) + y
+
+
+def test_a_cheap_model_runs_on_every_row_a_costly_one_in_buckets():
+  # model_first's primitive costs about 51,000 float operations a row by
+  # TensorFlow's estimate, cheap_model_first's one: under pc:xla the first
+  # is computed on its members gathered into buckets, the second on all 16
+  # rows whenever it has members (gathering them would cost more than the
+  # rows it leaves out).
+  def hlo(fn, n):
+    runtime = pipeline.runtime(fn, INT, "pc:xla")
+    args = [tf.constant(n, tf.int32)]
+    return runtime.compiled_for(args).experimental_get_compiler_ir(*args)(
+        stage="hlo")
+  n = np.arange(16, dtype=np.int32)
+  assert batched_primitive_calls.MEMBERS_FIRST in hlo(model_first, n)
+  assert batched_primitive_calls.MEMBERS_FIRST not in hlo(cheap_model_first, n)
+  np.testing.assert_array_equal(cheap_model_first(n, backend="pc:xla"),
+                                n * (n + 1))
+  stats = cheap_model_first.last_stats
+  assert stats.batched_primitive_calls == 16
+  assert stats.batched_primitive_rows == 16 * 16
+  assert stats.batched_primitive_members == {int(m): 1 for m in 16 - n}
+  # The decision, from the kernel traced for all rows.
+  kernel = tf.function(lambda rows, x: tf.matmul(x, tf.ones([200, 200])),
+                       autograph=False, input_signature=[
+                           tf.TensorSpec([], tf.int32),
+                           tf.TensorSpec([16, 200], tf.float32)])
+  assert batched_primitive_calls.buckets_pay(kernel, 16)
+  assert not batched_primitive_calls.buckets_pay(
+      tf.function(lambda rows, x: x * 2., autograph=False, input_signature=[
+          tf.TensorSpec([], tf.int32), tf.TensorSpec([16, 200], tf.float32)]),
+      16)
+  # A batch size known only when it runs: buckets, as before.
+  assert batched_primitive_calls.buckets_pay(kernel, tf.constant(16))
 
 
 def test_member_buckets_halve_the_batch_down_to_one_row():

@@ -109,3 +109,35 @@ def test_small_eager_tensors_read_within_become_constants_of_the_graph():
   np.testing.assert_allclose(z, [2., 6.])
   graph = concrete.graph
   assert graph.capture.__func__ is type(graph).capture
+
+
+def test_float_ops_estimates_a_graph_with_its_calls_and_branches():
+  def ops_of(fn, *specs):
+    return _tf_private.float_ops(
+        tf.function(fn, autograph=False).get_concrete_function(*specs).graph)
+
+  matrix = tf.TensorSpec([4, 30], tf.float32)
+  # A matrix product counts as TensorFlow's profiler counts it: a
+  # multiplication and an addition per term.
+  assert ops_of(lambda x: tf.matmul(x, tf.ones([30, 20])), matrix) == (
+      2 * 4 * 30 * 20)
+  # An operation it has no count for counts an operation per element of
+  # its outputs (`tf.ones` above is a constant: none).
+  assert ops_of(tf.exp, matrix) == 4 * 30
+
+  @tf.function(autograph=False)
+  def inner(x):
+    return tf.matmul(x, tf.ones([30, 20]))
+  # A call counts what it calls.
+  assert ops_of(inner, matrix) == 2 * 4 * 30 * 20
+  # A conditional counts its costliest branch.
+  def branches(x, flag):
+    return tf.cond(flag, lambda: tf.reduce_sum(inner(x)),
+                   lambda: tf.reduce_sum(x))
+  assert ops_of(branches, matrix, tf.TensorSpec([], tf.bool)) >= (
+      2 * 4 * 30 * 20)
+  # A loop's trip count is not known: no estimate.
+  def loop(x):
+    return tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2.),
+                         (0, x))[1]
+  assert ops_of(loop, matrix) is None

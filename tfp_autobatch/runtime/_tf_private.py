@@ -16,6 +16,9 @@ upgrade breaks here; setup.py pins TensorFlow 2.21.
   functions an operation calls, to find operations XLA has no kernel for (`xla_kernels`).
 - `eager_captures_as_constants`: a function graph's capture of eager
   tensors, replaced while a model is traced (`vectorize`).
+- `float_ops`: TensorFlow's estimate of a graph's floating-point
+  operations (its profiler's registry), to tell a cheap model from a
+  costly one (`batched_primitive_calls`).
 """
 import contextlib
 
@@ -26,6 +29,10 @@ from tensorflow.python.framework import kernels  # pylint: disable=g-direct-tens
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,unused-import
 from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import,unused-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import,unused-import
+# Registers the floating-point operations of more op types (elementwise
+# arithmetic, reductions, matrix products) than TensorFlow's math ops do.
+from tensorflow.python.profiler.internal import flops_registry  # pylint: disable=g-direct-tensorflow-import,unused-import
+from tensorflow.python.util import deprecation  # pylint: disable=g-direct-tensorflow-import
 
 try:   # tf.vectorized_map's machinery
   from tensorflow.python.ops.parallel_for import pfor  # pylint: disable=g-direct-tensorflow-import
@@ -77,6 +84,53 @@ def called_graphs(op, library):
   functions = (library._functions.get(n) for n in names)  # pylint: disable=protected-access
   return [f.graph for f in functions
           if f is not None and getattr(f, "graph", None) is not None]
+
+
+# Operations that run a function an unknown number of times.
+_LOOPS = ("While", "StatelessWhile")
+# Operations that compute nothing (`float_ops`).
+_FREE = ("Placeholder", "Const", "Identity", "IdentityN", "NoOp",
+         "ReadVariableOp", "Reshape", "Shape", "StopGradient")
+
+
+def float_ops(graph, library=None):
+  """An estimate of the floating-point operations one run of `graph`
+  computes, or None where it cannot tell (a loop, whose trip count it does
+  not know).
+
+  Operations TensorFlow's profiler has a count for (arithmetic,
+  reductions, matrix products) count as it counts them; any other that
+  computes something counts one per element of its outputs of known
+  shape; a call counts its
+  function's operations, a conditional its costliest branch. `library`:
+  the graph that holds the functions called (`called_graphs`), `graph`
+  itself at the top."""
+  library = graph if library is None else library
+  total = 0
+  for op in graph.get_operations():
+    if op.type in _LOOPS:
+      return None
+    if op.type in _FREE:
+      continue
+    inner = [float_ops(g, library) for g in called_graphs(op, library)]
+    if None in inner:
+      return None
+    if inner:
+      total += max(inner)
+      continue
+    try:
+      # (The registry reads shapes through a function TensorFlow marks
+      # deprecated, which would print a warning on the user's console.)
+      with deprecation.silence():
+        stats = ops.get_stats_for_node_def(graph, op.node_def, "flops")
+    except ValueError:   # an input's shape is not known
+      stats = None
+    if stats is not None and stats.value is not None:
+      total += stats.value
+    else:
+      total += sum(t.shape.num_elements() or 0 for t in op.outputs
+                   if t.shape.is_fully_defined())
+  return total
 
 
 # The most elements a captured eager tensor may have to be made a constant

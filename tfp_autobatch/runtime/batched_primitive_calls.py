@@ -12,6 +12,8 @@ raises on them).
 """
 import tensorflow as tf
 
+from tfp_autobatch.runtime import _tf_private
+
 # Under XLA a @batched_primitive (the user's model) runs on the block's
 # members gathered into the smallest of Z, Z/2, Z/4, ... rows (each rounded
 # up, down to one row) that holds them all, instead of on all Z rows: XLA
@@ -41,6 +43,19 @@ ALL_ROWS_UP_TO = 4
 # member alone still runs on one row (half of four rows' cost on the
 # logistic regression: docs/benchmarks.md, "The model and a call alone").
 
+# Nor are there buckets for a model that costs fewer floating-point
+# operations a row than this (TensorFlow's estimate, `_tf_private.float_ops`,
+# of its kernel on all Z rows): there the rows a bucket leaves out save less
+# than gathering the members and scattering their results back costs, and
+# each size is a trace and a compilation more. NUTS on Inference Gym models
+# at 64 chains: eight_schools (about 600 a row), brownian_motion (2,200) and
+# stochastic_volatility (10,000) sampled as fast or faster on all rows, with
+# first calls 4-46 s shorter; the correlated Gaussian (60,000) sampled 11%
+# slower (docs/benchmarks.md, "Buckets for costly models only"). A model
+# whose cost cannot be told keeps its buckets (stochastic_volatility's
+# density runs a loop: TFP's `batched_las_vegas_algorithm`).
+BUCKETS_FROM_FLOAT_OPS_PER_ROW = 25_000
+
 
 def member_bucket_sizes(z, static_z):
   """The bucket sizes below the batch size, largest first: the halvings of
@@ -68,10 +83,13 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   are junk, which the block discards. With no members (a guarded call
   whose guard holds for none) it computes nothing and returns `skip()`.
   Only under XLA, where the bucket sizes are compile-time constants (Z is
-  static once compiled). Up to `ALL_ROWS_UP_TO` rows there are no
-  buckets: the call runs on every row, or not at all."""
+  static once compiled). Up to `ALL_ROWS_UP_TO` rows, and for a kernel
+  that costs little per row (`buckets_pay`), there are no buckets: the
+  call runs on every row, or not at all."""
   count = tf.reduce_sum(tf.cast(members, tf.int32))
   sizes = member_bucket_sizes(z, members.shape[0])
+  if sizes and not buckets_pay(kernel_for(z), z):
+    sizes = []
 
   def everyone():
     return list(kernel_for(z)(z, *ins)), z
@@ -91,6 +109,18 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
                               + [skip])
   return opaque_to_constant_inference(outs), rows, count
+
+
+def buckets_pay(kernel, z):
+  """Whether `kernel` (a `tf.function` of the rows and the inputs, traced
+  for `z` rows) costs enough per row for buckets to pay: at least
+  `BUCKETS_FROM_FLOAT_OPS_PER_ROW` floating-point operations a row, or a
+  cost that cannot be told (a loop inside, a batch size unknown when
+  traced)."""
+  if not isinstance(z, int):
+    return True
+  total = _tf_private.float_ops(kernel.get_concrete_function().graph)
+  return total is None or total >= BUCKETS_FROM_FLOAT_OPS_PER_ROW * z
 
 
 # The name scope of the ops that gather a bucket's members (`_members_first`).
