@@ -34,6 +34,12 @@ TFP's kernel is not sharded, so leave `tfp` out of `--systems` there.
 `--compile_cache_dir=DIR` turns on TensorFlow's persistent XLA compilation
 cache there (see docs/compile_cache.md), so that a second process reuses
 the first's XLA compilations.
+
+`--bucket_float_ops_per_row=N` sets the per-row cost (TensorFlow's estimate
+of floating-point operations) from which our kernel gathers a gradient
+call's chains into buckets (`BUCKETS_FROM_FLOAT_OPS_PER_ROW` in
+`tfp_autobatch/runtime/batched_primitive_calls.py`): 0 for buckets
+whatever the model, a large number for none, to measure that choice.
 """
 import functools
 import json
@@ -50,6 +56,7 @@ from benchmarks import ess_replicas
 from benchmarks import ess_report
 from benchmarks import machine as machine_lib
 from benchmarks import quiet
+from tfp_autobatch.runtime import batched_primitive_calls
 
 flags.DEFINE_list("models", list(ess_models.MODELS),
                   f"models, of: {', '.join(ess_models.MODELS)}")
@@ -76,6 +83,8 @@ flags.DEFINE_string("plot", "benchmarks/results/ess.png",
 flags.DEFINE_string("from_json", None, "re-plot and print this JSON, no run")
 flags.DEFINE_string("compile_cache_dir", None,
                     "TensorFlow's persistent XLA compilation cache folder")
+flags.DEFINE_float("bucket_float_ops_per_row", None,
+                   "our kernel's bucket threshold (default: the library's)")
 flags.DEFINE_integer("replicas", 0,
                      "N >= 1: our chains split over a MirroredStrategy of N "
                      "logical CPU devices (--chains in multiples of N); 0: "
@@ -146,7 +155,7 @@ def _settings():
       "models", "chains", "systems", "num_trajectories_per_step",
       "num_warmup", "num_draws", "steps_per_call", "rounds",
       "max_tree_depth", "target_accept_prob", "seed", "compile_cache_dir",
-      "replicas")}
+      "replicas", "bucket_float_ops_per_row")}
 
 
 def _write(payload):
@@ -172,6 +181,9 @@ def main(argv):
       os.environ["TF_XLA_FLAGS"] = (
           os.environ.get("TF_XLA_FLAGS", "") +
           f" --tf_xla_persistent_cache_directory={FLAGS.compile_cache_dir}")
+    if FLAGS.bucket_float_ops_per_row is not None:
+      batched_primitive_calls.BUCKETS_FROM_FLOAT_OPS_PER_ROW = (
+          FLAGS.bucket_float_ops_per_row)
     unknown = set(FLAGS.models) - set(ess_models.MODELS)
     if unknown:
       raise app.UsageError(f"unknown models {sorted(unknown)}; models: "

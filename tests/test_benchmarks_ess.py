@@ -29,10 +29,12 @@ def test_tiny_benchmark_writes_every_field(tmp_path):
   subprocess.run(
       [sys.executable, "-m", "benchmarks.ess", "--quick",
        "--models=correlated_gaussian", "--num_warmup=10", "--num_draws=10",
-       "--max_tree_depth=4", f"--output={output}", f"--plot={plot}"],
+       "--max_tree_depth=4", "--bucket_float_ops_per_row=0",
+       f"--output={output}", f"--plot={plot}"],
       cwd=ROOT, env=env, check=True, timeout=600)
   payload = json.loads(output.read_text())
   assert payload["settings"]["chains"] == ["2"]
+  assert payload["settings"]["bucket_float_ops_per_row"] == 0
   records = payload["records"]
   assert [r["system"] for r in records] == ["tfp", "pc:xla"]
   for record in records:
