@@ -9,7 +9,8 @@ The VM state is a dict of tensors with batch dimension Z:
   vars[v] = {top [Z, ...], sp [Z]}, stacks[v] [D, Z, ...]
                                            a stacked variable (cached top)
   vars[v] = {stack [D, Z, ...], sp [Z]}    a stacked variable, value at sp
-  overflow [Z], and the statistics counters (`run_counters`);
+  overflow [Z], the statistics counters (`run_counters`), and their
+  member_steps [Z], member_depth [Z]       per-member counts;
   index_fault [Z, 2]                       for a program with rewritten
                                            subscripts: each member's first
                                            index out of range (`subscripts`)
@@ -363,7 +364,7 @@ class PcVmRuntime:
       faulted = subscripts.faulted(faults)
       halted = tf.logical_or(halted, faulted)
     return (_poison(result, halted), small["overflow"], faults,
-            run_counters.ended(state["counters"], small["overflow"],
+            run_counters.ended(state["counters"], small, small["overflow"],
                                faulted))
 
   def _loop(self, layout, state, max_steps=None):
@@ -464,15 +465,13 @@ class PcVmRuntime:
       registers, bank_writes, packed_writes, rows, members = outputs
     writes = dispatch.writes.unpack(*packed_writes)
     banks = layout.banks.apply(state["banks"], bank_writes)
-    pc_top = self._register(layout, state, "pc_top")
-    pc_sp = self._register(layout, {"registers": registers}, "pc_sp")
     return {
         "registers": registers,
         "banks": banks,
         "stacks": self._apply_stack_writes(layout, stacks, writes, nxt,
                                            dispatch, eager),
         "counters": run_counters.after_step(
-            state["counters"], nxt, self.program.halt, pc_top, pc_sp, rows,
+            state["counters"], nxt, self.program.halt, rows,
             members if layout.model_calls[dispatch.blocks] else None),
     }
 
@@ -557,6 +556,7 @@ class PcVmRuntime:
         "pc_top": tf.zeros([z], tf.int32),
         "pc_sp": tf.ones([z], tf.int32),
         "overflow": tf.zeros([z], tf.bool),
+        **run_counters.initial_member_registers(z),
     }
     if layout.has_index_fault:
       small["index_fault"] = subscripts.no_faults(z)
@@ -582,6 +582,10 @@ class PcVmRuntime:
     after, writes, rows, members = self._runner.run(
         index, self.program.blocks[index], before,
         lambda v: layout.stacks.view(stacks, v))
+    # Counted per member, in registers the block writes anyway
+    # (`run_counters`).
+    after = dict(after, **run_counters.member_registers_after(
+        before, after, index))
     # The loop writes only the stacks `_pushed` names (see
     # `_apply_stack_writes`; under XLA their banks are sized by it).
     unplanned = set(writes) - layout.pushed[index]

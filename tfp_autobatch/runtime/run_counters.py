@@ -15,14 +15,18 @@ as
   [EXECUTIONS + B:]   histogram of Z + 1 entries: entry k counts the
                       `@batched_primitive` calls made for k members
 
-When the loop ends, `ended` appends the members that overflowed their
-stack and those that faulted on a subscript, so that an eager call reads
-everything it checks in one transfer (`split_ended`).
+The two counts over members, ACTIVE and HIGH, are kept per member during
+the run instead (`MEMBER_REGISTERS`: the steps each member took part in,
+the deepest its stack went), in registers that every block writes with
+the pc, so their updates cost no kernel of their own under XLA; `ended`
+sums them into the vector. A step then updates the vector by one
+addition of what needs no reduction over the members (one kernel, where
+reducing the members at every step took five or six:
+`python -m benchmarks.nuts_profile`).
 
-One vector, updated by one expression, because under XLA every counter
-kept apart was a kernel of its own launched on every VM step: six
-counters, five or six launches a step, where the vector takes two (a NUTS
-transition on 4 chains runs 27 steps).
+When the loop ends, `ended` also appends the members that overflowed
+their stack and those that faulted on a subscript, so that an eager call
+reads everything it checks in one transfer (`split_ended`).
 """
 import numpy as np
 import tensorflow as tf
@@ -33,52 +37,72 @@ from tfp_autobatch.runtime import stats as stats_lib
 STEPS, ACTIVE, ROWS, HIGH, EXECUTIONS = range(5)
 
 
+# The per-member registers the VM keeps for the counts over members: the
+# steps each member took part in, and the deepest its pc stack went.
+MEMBER_REGISTERS = ("member_steps", "member_depth")
+
+
 def initial(z, num_blocks):
   """The counters before the first step, for a batch of `z` (a scalar
   tensor) and a program of `num_blocks` blocks."""
-  # The entry frame: depth 1 if there is a member at all.
-  high = tf.cast(tf.minimum(z, 1), tf.int64)
-  return tf.concat([tf.zeros([HIGH], tf.int64), high[None],
-                    tf.zeros([num_blocks], tf.int64),
-                    tf.zeros(tf.reshape(z + 1, [1]), tf.int64)], 0)
+  return tf.zeros(tf.reshape(EXECUTIONS + num_blocks + z + 1, [1]), tf.int64)
 
 
-def after_step(counters, block, num_blocks, pc_top, pc_sp, rows, members):
+def initial_member_registers(z):
+  """`MEMBER_REGISTERS` before the first step: no steps taken, and the
+  entry frame on every member's stack (depth 1)."""
+  return {"member_steps": tf.zeros([z], tf.int32),
+          "member_depth": tf.ones([z], tf.int32)}
+
+
+def member_registers_after(before, after, block):
+  """`MEMBER_REGISTERS` of `after`, the state block `block` left, from
+  `before`, the state it ran on (dicts holding them, `pc_top` and
+  `pc_sp`)."""
+  ran = tf.cast(tf.equal(before["pc_top"], block), tf.int32)
+  return {"member_steps": before["member_steps"] + ran,
+          "member_depth": tf.maximum(before["member_depth"],
+                                     after["pc_sp"])}
+
+
+def after_step(counters, block, num_blocks, rows, members):
   """The counters after block `block` ran.
 
-  `pc_top`: where each member waited before the step; `pc_sp`: the pc's
-  stack pointers after it; `rows`: the rows its model calls computed;
-  `members`: the members of each of its model calls, as a vector (-1, no
-  call, counts nothing), or None when the block's dispatch makes no model
-  calls (the histogram is then left alone).
+  `rows`: the rows its model calls computed; `members`: the members of
+  each of its model calls, as a vector (-1, no call, counts nothing), or
+  None when the block's dispatch makes no model calls (the histogram is
+  then left alone).
   """
   i64 = tf.int64
-  bins = tf.size(pc_top) + 1
+  bins = batch_state.size(counters) - EXECUTIONS - num_blocks
   if members is None:
     histogram = tf.zeros([bins], i64)
   else:
     histogram = tf.reduce_sum(tf.one_hot(members, bins, dtype=i64), 0)
   step = tf.concat([
-      tf.ones([1], i64),
-      tf.reduce_sum(tf.cast(tf.equal(pc_top, block), i64))[None],
-      tf.cast(rows, i64)[None],
-      tf.cast(tf.reduce_max(tf.concat([pc_sp, [0]], 0)), i64)[None],
-      tf.one_hot(block, num_blocks, dtype=i64),
+      tf.ones([1], i64), tf.zeros([1], i64), tf.cast(rows, i64)[None],
+      tf.zeros([1], i64), tf.one_hot(block, num_blocks, dtype=i64),
       histogram], 0)
-  # Elementwise in `counters`, so that XLA updates them in place, in one
-  # kernel with the reductions above.
-  return batch_state.where(tf.equal(tf.range(tf.size(counters)), HIGH),
-                           tf.maximum(counters, step), counters + step)
+  return counters + step
 
 
-def ended(counters, overflow, faulted):
-  """The final counters followed by the counts of members that
-  overflowed (`overflow`, [Z] bool) and that faulted on a subscript
-  (`faulted`, [Z] bool): an eager caller reads all three in one
-  `.numpy()`, where each read of another of the VM's results is a
-  device-to-host copy of its own, noticeable on a small program's call."""
+def ended(counters, member_registers, overflow, faulted):
+  """The final counters, with the counts over members summed from
+  `member_registers` (`MEMBER_REGISTERS`, [Z] each), followed by the
+  counts of members that overflowed (`overflow`, [Z] bool) and that
+  faulted on a subscript (`faulted`, [Z] bool): an eager caller reads all
+  three in one `.numpy()`, where each read of another of the VM's results
+  is a device-to-host copy of its own, noticeable on a small program's
+  call."""
   def count(flags):
     return tf.reduce_sum(tf.cast(flags, tf.int64))[None]
+  i64 = tf.int64
+  active = tf.reduce_sum(tf.cast(member_registers["member_steps"], i64))
+  high = tf.cast(tf.reduce_max(tf.concat(
+      [member_registers["member_depth"], [0]], 0)), i64)
+  counters = tf.concat([counters[:ACTIVE], active[None],
+                        counters[ACTIVE + 1:HIGH], high[None],
+                        counters[HIGH + 1:]], 0)
   return tf.concat([counters, count(overflow), count(faulted)], 0)
 
 

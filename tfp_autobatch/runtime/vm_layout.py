@@ -23,6 +23,7 @@ from tfp_autobatch.ir import ir2
 from tfp_autobatch.runtime import block_runner
 from tfp_autobatch.runtime import dispatch as dispatch_lib
 from tfp_autobatch.runtime import register_file
+from tfp_autobatch.runtime import run_counters
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import variable_store
 
@@ -40,14 +41,15 @@ class VmLayout:
       trace for any size).
     depth: D, the frames of every stack.
     state: the unpacked loop state (`pc_vm`'s module docstring: `pc_top`,
-      `pc_sp`, `overflow`, `vars`, and `index_fault` for a program with
-      rewritten subscripts) as a nest of `tf.TensorSpec`s.
+      `pc_sp`, `overflow`, the run counters' per-member registers, `vars`,
+      and `index_fault` for a program with rewritten subscripts) as a nest
+      of `tf.TensorSpec`s.
     stacks_spec: {stack name: nest of [D, Z, ...] `tf.TensorSpec`s}: the
       stacks kept apart from `state` ("pc", and with a cached top every
       stacked variable's).
     owners: per flat leaf of `state`, the variable it belongs to
       (`v + "#sp"` for a stacked variable's stack pointer, `NO_VARIABLE`
-      for the pc, overflow flags and fault records).
+      for the pc, overflow flags, run counters and fault records).
     banks: which floating-point leaves of `state` live in register banks
       (XLA with a cached top; otherwise none).
     registers: how the leaves outside the banks are packed into register
@@ -162,6 +164,8 @@ def state_specs(program, batch_size, depth):
       "pc_top": tf.TensorSpec([z], tf.int32),
       "pc_sp": tf.TensorSpec([z], tf.int32),
       "overflow": tf.TensorSpec([z], tf.bool),
+      **{name: tf.TensorSpec([z], tf.int32)
+         for name in run_counters.MEMBER_REGISTERS},
   }
   if subscripts.sites_of(
       op.code for b in program.blocks for op in map(ir2.unguarded, b.ops)
