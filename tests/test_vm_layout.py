@@ -33,18 +33,20 @@ def test_fib_layout_under_xla():
                "fib._t5": {"top": _spec(4), "sp": _spec(4)},
                "fib.n": {"top": _spec(4), "sp": _spec(4)}},
       "pc_top": _spec(4), "pc_sp": _spec(4),
-      "overflow": _spec(4, dtype=tf.bool)}
+      "overflow": _spec(4, dtype=tf.bool),
+      # The run counters' counts per member (`run_counters`).
+      "member_steps": _spec(4), "member_depth": _spec(4)}
   assert not layout.has_index_fault
   assert layout.stacks_spec == {"pc": _spec(16, 4), "fib._t5": _spec(16, 4),
                                 "fib.n": _spec(16, 4)}
   # Flat leaves: the state's keys in sorted order, then the variables'.
-  assert layout.owners == ("", "", "", "fib._result", "fib._t5#sp",
+  assert layout.owners == ("", "", "", "", "", "fib._result", "fib._t5#sp",
                            "fib._t5", "fib.n#sp", "fib.n")
-  assert dict(layout.pc_positions) == {"pc_top": 2, "pc_sp": 1}
-  # No floats, so no banks; the eight int32/bool leaves in one file, each a
-  # column of [Z, 8] for a batch this small.
+  assert dict(layout.pc_positions) == {"pc_top": 4, "pc_sp": 3}
+  # No floats, so no banks; the ten int32/bool leaves in one file, each a
+  # column of [Z, 10] for a batch this small.
   assert layout.banks.sizes == {}
-  assert layout.registers.widths == {"int32": 8}
+  assert layout.registers.widths == {"int32": 10}
   assert layout.registers.axis == 1
   # The three stacks of int32 scalars share one bank.
   assert layout.stacks.enabled
@@ -102,7 +104,8 @@ def test_a_traced_state_other_than_the_planned_one_is_an_error():
   z = tf.zeros([2], tf.int32)
   state = {"vars": {"fib._result": z, "fib._t5": {"top": z, "sp": z},
                     "fib.n": {"top": z, "sp": z}},
-           "pc_top": z, "pc_sp": z, "overflow": tf.zeros([2], tf.bool)}
+           "pc_top": z, "pc_sp": z, "overflow": tf.zeros([2], tf.bool),
+           "member_steps": z, "member_depth": z}
   stacks = {k: tf.zeros([16, 2], tf.int32)
             for k in ("pc", "fib._t5", "fib.n")}
   layout.check_state(state, stacks)
