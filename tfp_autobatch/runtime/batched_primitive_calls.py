@@ -48,12 +48,12 @@ ALL_ROWS_UP_TO = 4
 # of its kernel on all Z rows): there the rows a bucket leaves out save less
 # than gathering the members and scattering their results back costs, and
 # each size is a trace and a compilation more. NUTS on Inference Gym models
-# at 64 chains: eight_schools (about 600 a row), brownian_motion (2,200) and
-# stochastic_volatility (10,000) sampled as fast or faster on all rows, with
-# first calls 4-46 s shorter; the correlated Gaussian (60,000) sampled 11%
-# slower (docs/benchmarks.md, "Buckets for costly models only"). A model
-# whose cost cannot be told keeps its buckets (stochastic_volatility's
-# density runs a loop: TFP's `batched_las_vegas_algorithm`).
+# at 64 chains: eight_schools (about 600 a row) and brownian_motion (2,200)
+# sampled as fast on all rows, with first calls 5 s and 37 s shorter; the
+# correlated Gaussian (60,000) sampled 25% slower on all rows
+# (docs/benchmarks.md, "Buckets for costly models only"). A model whose
+# cost cannot be told keeps its buckets (stochastic_volatility's density
+# runs a loop: TFP's `batched_las_vegas_algorithm`).
 BUCKETS_FROM_FLOAT_OPS_PER_ROW = 25_000
 
 
