@@ -10,6 +10,8 @@ row gets outputs back: the members their own, the others a member's
 (junk that the block discards, but values the model made, so nothing
 raises on them).
 """
+import weakref
+
 import tensorflow as tf
 
 from tfp_autobatch.runtime import _tf_private
@@ -55,6 +57,10 @@ ALL_ROWS_UP_TO = 4
 # cost cannot be told keeps its buckets (stochastic_volatility's density
 # runs a loop: TFP's `batched_las_vegas_algorithm`).
 BUCKETS_FROM_FLOAT_OPS_PER_ROW = 25_000
+
+# Each kernel's estimate (`buckets_pay`), read once: a block that calls the
+# model twice (NUTS's two leaves) would otherwise walk its graph twice.
+_FLOAT_OPS = weakref.WeakKeyDictionary()
 
 
 def member_bucket_sizes(z, static_z):
@@ -119,7 +125,10 @@ def buckets_pay(kernel, z):
   traced)."""
   if not isinstance(z, int):
     return True
-  total = _tf_private.float_ops(kernel.get_concrete_function().graph)
+  if kernel not in _FLOAT_OPS:
+    _FLOAT_OPS[kernel] = _tf_private.float_ops(
+        kernel.get_concrete_function().graph)
+  total = _FLOAT_OPS[kernel]
   return total is None or total >= BUCKETS_FROM_FLOAT_OPS_PER_ROW * z
 
 

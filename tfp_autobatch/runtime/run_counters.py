@@ -94,13 +94,12 @@ def ended(counters, member_registers, overflow, faulted):
   three in one `.numpy()`, where each read of another of the VM's results
   is a device-to-host copy of its own, noticeable on a small program's
   call."""
-  def count(flags):
-    return tf.reduce_sum(tf.cast(flags, tf.int64))[None]
-  i64 = tf.int64
-  active = tf.reduce_sum(tf.cast(member_registers["member_steps"], i64))
+  def count(values):
+    return tf.reduce_sum(tf.cast(values, tf.int64))[None]
   high = tf.cast(tf.reduce_max(tf.concat(
-      [member_registers["member_depth"], [0]], 0)), i64)
-  counters = tf.concat([counters[:ACTIVE], active[None],
+      [member_registers["member_depth"], [0]], 0)), tf.int64)
+  counters = tf.concat([counters[:ACTIVE],
+                        count(member_registers["member_steps"]),
                         counters[ACTIVE + 1:HIGH], high[None],
                         counters[HIGH + 1:]], 0)
   return tf.concat([counters, count(overflow), count(faulted)], 0)
