@@ -225,6 +225,36 @@ def test_bank_write_outside_the_declared_registers_is_an_error():
     banks.changes(new, old, {1}, capacity)
 
 
+def test_integer_and_boolean_leaves_named_for_banks_share_the_int32_bank():
+  example = {"pc": tf.constant([0, 1, 2]),
+             "vars": {"count": tf.constant([4, 5, 6]),
+                      "flag": tf.constant([True, False, True]),
+                      "seed": tf.reshape(tf.range(9), [3, 3]),
+                      "x": tf.ones([3]) * 2.}}
+  # Flat order: pc, count, flag, seed, x; the pc stays out of the banks.
+  banks = register_file.RegisterBanks(
+      example, integer_leaves=[False, True, True, True, False])
+  stacked, rest = banks.split(example)
+  assert sorted(stacked) == [("float32", ()), ("int32", ()), ("int32", (3,))]
+  assert stacked[("int32", ())].numpy().tolist() == [[4, 5, 6], [1, 0, 1]]
+  assert [t.dtype for t in rest] == [tf.int32]
+  old = banks.join(stacked, rest)
+  assert old["vars"]["flag"].dtype == tf.bool
+  for got, want in zip(tf.nest.flatten(old), tf.nest.flatten(example)):
+    np.testing.assert_array_equal(got, want)
+  # A block that flips the flag writes one row of the int32 bank.
+  capacity = banks.capacity([{2}])
+  new = {"pc": old["pc"], "vars": dict(
+      old["vars"], flag=tf.logical_not(old["vars"]["flag"]))}
+  writes = banks.changes(new, old, {2}, capacity)
+  assert writes[("int32", ())][0].numpy().tolist() == [1]
+  after = tf.function(lambda: banks.apply(stacked, writes),
+                      jit_compile=True)()
+  got = banks.join(after, rest)["vars"]
+  np.testing.assert_array_equal(got["flag"], [False, True, False])
+  np.testing.assert_array_equal(got["count"], [4, 5, 6])
+
+
 def test_banks_disabled_bank_nothing():
   example = _float_example()
   stacked, rest = register_file.RegisterBanks(

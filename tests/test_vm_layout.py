@@ -192,3 +192,70 @@ def test_blocks_pad_bank_writes_only_to_their_own_dispatchs_largest():
   graph = pipeline.runtime(_three_then_one, _three_then_one._last_types,  # pylint: disable=protected-access
                            "pc:graph")
   assert len(graph.layout_for(3).dispatches) == 1
+
+
+@tab.batch
+def _many_counters(n):
+  """Sixteen int32 counters and two flags carried around a loop: a wide
+  integer register file, of which the loop body changes five leaves."""
+  c0, c1, c2, c3 = n, n + 1, n + 2, n + 3
+  c4, c5, c6, c7 = n + 4, n + 5, n + 6, n + 7
+  c8, c9, c10, c11 = n + 8, n + 9, n + 10, n + 11
+  c12, c13, c14, c15 = n + 12, n + 13, n + 14, n + 15
+  odd = n > 100
+  seen = n < 0
+  while n > 0:
+    c0 = c0 + 2
+    c7 = c7 * 2
+    odd = not odd
+    seen = seen or n == 3
+    n = n - 1
+  total = (c0 + c1 + c2 + c3 + c4 + c5 + c6 + c7 + c8 + c9 + c10 + c11
+           + c12 + c13 + c14 + c15)
+  if odd:
+    total = total + 1000
+  if seen:
+    total = total + 100000
+  return total
+
+
+def _many_counters_oracle(n):
+  c = [n + k for k in range(16)]
+  odd, seen = n > 100, n < 0
+  while n > 0:
+    c[0] += 2
+    c[7] *= 2
+    odd = not odd
+    seen = seen or n == 3
+    n -= 1
+  return sum(c) + 1000 * odd + 100000 * seen
+
+
+@pytest.mark.parametrize("z", [4, 32])
+def test_a_wide_integer_file_is_banked_from_enough_members(z):
+  # Under pc:xla a block that rewrote the whole integer register file
+  # spent most of a NUTS step at 64 chains copying it: with at least
+  # INTEGER_BANKS_FROM_LEAVES integer or boolean variables and
+  # INTEGER_BANKS_FROM_BATCH members, the variables' registers go to the
+  # int32 banks (booleans as 0 and 1), and a block writes back only the
+  # rows it changes. The VM's own registers stay in the file.
+  n = np.arange(z, dtype=np.int32) % 7
+  want = [_many_counters_oracle(int(v)) for v in n]
+  np.testing.assert_array_equal(_many_counters(n, backend="pc:xla"), want)
+  runtime = pipeline.runtime(_many_counters, _many_counters._last_types,  # pylint: disable=protected-access
+                             "pc:xla")
+  layout = runtime.layout_for(z)
+  banked = z >= vm_layout.INTEGER_BANKS_FROM_BATCH
+  assert (("int32", ()) in layout.banks.sizes) == banked
+  if banked:
+    # The 16 counters, the two flags and n.
+    assert layout.banks.sizes[("int32", ())] >= 19
+    # pc_top, pc_sp, overflow and the two run counters.
+    assert layout.registers.widths == {"int32": 5}
+    body = [i for i, b in enumerate(runtime.program.blocks)
+            if b.label.startswith("_many_counters/body")]
+    assert body
+    for i in body:
+      assert layout.dispatch_of[i].bank_capacity[("int32", ())] <= 5
+  else:
+    assert layout.registers.widths["int32"] >= 24

@@ -35,6 +35,11 @@ benchmarks.nuts`).
 Floating-point registers go to `RegisterBanks` instead: [R, Z, ...] per
 dtype and shape, so a register is a contiguous row, and written by a
 scatter after the block, so a branch returns only what it may change.
+Integer and boolean registers go there too where the layout says so
+(`vm_layout`: a program with many of them, on enough members): a file is
+written back whole by every block, and NUTS's fifty integer and boolean
+variables, of which a block changes a few, made that copy a large part of
+a VM step from tens of chains on.
 """
 import collections
 
@@ -220,8 +225,11 @@ class RegisterFile:
 
 
 class RegisterBanks:
-  """Floating-point registers kept in banks [R, Z, ...], one per dtype and
-  per-example shape, written back outside the block dispatch.
+  """Registers kept in banks [R, Z, ...], one per dtype and per-example
+  shape, written back outside the block dispatch: the floating-point
+  ones, and the integer and boolean ones that `integer_leaves` names
+  (booleans in the int32 bank of their shape, as 0 and 1: a scatter fewer
+  a VM step).
 
   A `tf.switch_case` branch under XLA copies every tensor it returns, also
   the ones it leaves alone: with forty [Z, 100] float registers, NUTS's VM
@@ -239,34 +247,48 @@ class RegisterBanks:
   fixed NUTS transition).
 
   Leaves are picked from an example nest (tensors or `tf.TensorSpec`s):
-  floating point, rank >= 1 (the batch), a known non-empty per-example
-  shape. `enabled=False` banks nothing. `names`, one per flat leaf, name
-  them in errors.
+  floating point (or integer or boolean where `integer_leaves`, one flag
+  per flat leaf, says so), rank >= 1 (the batch), a known non-empty
+  per-example shape. `enabled=False` banks nothing. `names`, one per flat
+  leaf, name them in errors.
   """
 
-  def __init__(self, example, enabled=True, names=None):
+  def __init__(self, example, enabled=True, names=None,
+               integer_leaves=None):
     self.structure = example
     self.names = names or [f"leaf {i}" for i in
                            range(len(tf.nest.flatten(example)))]
     self._slots = []      # per leaf: (bank key, index in the bank) or None
     self.sizes = {}       # bank key -> registers R
-    for leaf in tf.nest.flatten(example):
+    leaves = tf.nest.flatten(example)
+    integer_leaves = integer_leaves or [False] * len(leaves)
+    for leaf, integer_ok in zip(leaves, integer_leaves):
       shape = leaf.shape
-      if (not enabled or not leaf.dtype.is_floating or shape.rank is None
+      banked_dtype = leaf.dtype.is_floating or (
+          integer_ok and (leaf.dtype.is_integer or leaf.dtype == tf.bool))
+      if (not enabled or not banked_dtype or shape.rank is None
           or shape.rank == 0 or not shape[1:].is_fully_defined()
           or shape[1:].num_elements() == 0):
         self._slots.append(None)
         continue
-      key = (leaf.dtype.name, tuple(shape[1:].as_list()))
+      # Booleans share the int32 bank, as 0 and 1: a scatter fewer for
+      # every VM step to run.
+      dtype = tf.int32 if leaf.dtype == tf.bool else leaf.dtype
+      key = (dtype.name, tuple(shape[1:].as_list()))
       self._slots.append((key, self.sizes.get(key, 0)))
       self.sizes[key] = self.sizes.get(key, 0) + 1
+
+  @staticmethod
+  def _in_bank(leaf):
+    """A leaf as its bank holds it (booleans as int32)."""
+    return tf.cast(leaf, tf.int32) if leaf.dtype == tf.bool else leaf
 
   def split(self, nest):
     """`(banks, rest)`: {key: [R, Z, ...]} and the unbanked leaves."""
     columns = {key: [] for key in self.sizes}
     for leaf, slot in zip(tf.nest.flatten(nest), self._slots):
       if slot is not None:
-        columns[slot[0]].append(leaf)
+        columns[slot[0]].append(self._in_bank(leaf))
     return ({key: tf.stack(c) for key, c in columns.items()},
             self.rest(nest))
 
@@ -280,8 +302,14 @@ class RegisterBanks:
     rest = iter(rest)
     rows = {key: tf.unstack(bank, num=self.sizes[key])
             for key, bank in banks.items()}
-    leaves = [next(rest) if slot is None else rows[slot[0]][slot[1]]
-              for slot in self._slots]
+    leaves = []
+    for slot, spec in zip(self._slots, tf.nest.flatten(self.structure)):
+      if slot is None:
+        leaves.append(next(rest))
+      else:
+        row = rows[slot[0]][slot[1]]
+        leaves.append(tf.cast(row, tf.bool) if spec.dtype == tf.bool
+                      else row)
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
   def written(self, positions):
@@ -317,13 +345,14 @@ class RegisterBanks:
               "expected to write it")
         continue
       writes[slot[0]][0].append(slot[1])
-      writes[slot[0]][1].append(a)
+      writes[slot[0]][1].append(self._in_bank(a))
     packed = {}
     for key, (index, values) in writes.items():
       # Padding writes go to row R, past the bank's end: XLA's scatter
       # skips them. Their values are zeros, which cost no reads.
       pad = capacity[key] - len(index)
-      filler = tf.zeros_like(old_leaves[self._slots.index((key, 0))])
+      filler = tf.zeros_like(
+          self._in_bank(old_leaves[self._slots.index((key, 0))]))
       packed[key] = (tf.constant(index + [self.sizes[key]] * pad, tf.int32),
                      fusible.stack(values + [filler] * pad))
     return packed

@@ -2,7 +2,9 @@
 
 The VM's loop state (`pc_vm`) is packed for `tf.switch_case`: integer and
 boolean registers in register files (`register_file.RegisterFile`),
-floating-point registers in banks (`register_file.RegisterBanks`), stacks
+floating-point registers in banks (`register_file.RegisterBanks`), and
+the integer and boolean variables' registers too where there are many of
+them on enough members (`INTEGER_BANKS_FROM_LEAVES`), stacks
 in stack banks (`stack_banks.StackBanks`), and blocks grouped into
 dispatches by how much they write back (`dispatch`). All of that follows
 from the IR-2 program, its variables' types (the arguments' among them),
@@ -31,6 +33,17 @@ from tfp_autobatch.runtime import variable_store
 # name in `VmLayout.owners`.
 NO_VARIABLE = ""
 
+# A program's integer and boolean variables go to register banks, not the
+# register file, from this many such leaves and this many members (known
+# when traced). A file is written back whole by every block; a bank only
+# where a block changes it, at the price of a scatter a step. NUTS (about
+# fifty such leaves, a few changed a block) gains from 16 chains on and
+# loses below; collatz (a handful of leaves, most changed every step)
+# lost a third of its speed at 64 and 1,024 members
+# (`python -m benchmarks.nuts_vm_steps`, `python -m benchmarks.programs`).
+INTEGER_BANKS_FROM_BATCH = 16
+INTEGER_BANKS_FROM_LEAVES = 16
+
 
 @dataclasses.dataclass(frozen=True)
 class VmLayout:
@@ -50,8 +63,10 @@ class VmLayout:
     owners: per flat leaf of `state`, the variable it belongs to
       (`v + "#sp"` for a stacked variable's stack pointer, `NO_VARIABLE`
       for the pc, overflow flags, run counters and fault records).
-    banks: which floating-point leaves of `state` live in register banks
-      (XLA with a cached top; otherwise none).
+    banks: which leaves of `state` live in register banks (XLA with a
+      cached top; otherwise none): the floating-point ones, and the
+      integer and boolean variables' where `_integer_leaves_to_bank` says
+      so.
     registers: how the leaves outside the banks are packed into register
       files (XLA with a cached top; otherwise each travels alone).
     pc_positions: {"pc_top": i, "pc_sp": j}, their flat positions among
@@ -187,6 +202,23 @@ def _owners(program, state):
       vars={v: owner(v, store) for v, store in state["vars"].items()})))
 
 
+def _integer_leaves_to_bank(state, owners, batch_size):
+  """Per flat leaf of `state`, whether it is an integer or boolean
+  variable's leaf that goes to a register bank rather than the register
+  file (`register_file`): all of them, where the program has at least
+  `INTEGER_BANKS_FROM_LEAVES` and the batch (known when traced) at least
+  `INTEGER_BANKS_FROM_BATCH` members; none otherwise. The VM's own
+  registers (the pc, the overflow flags, the run counters) stay in the
+  file: every block changes them."""
+  integer = [owner != NO_VARIABLE
+             and (spec.dtype.is_integer or spec.dtype == tf.bool)
+             for spec, owner in zip(tf.nest.flatten(state), owners)]
+  wide = (sum(integer) >= INTEGER_BANKS_FROM_LEAVES
+          and batch_size is not None
+          and batch_size >= INTEGER_BANKS_FROM_BATCH)
+  return [wide and i for i in integer]
+
+
 def plan(program, batch_size, depth, xla, live_out=None):
   """The `VmLayout` of `program` (IR-2) for a batch of `batch_size`
   members (None: unknown until run time) with stacks of `depth` frames.
@@ -204,8 +236,9 @@ def plan(program, batch_size, depth, xla, live_out=None):
   packed = xla and program.cached_top
   state, stacks_spec = state_specs(program, batch_size, depth)
   owners = _owners(program, state)
-  banks = register_file.RegisterBanks(state, enabled=packed,
-                                      names=list(owners))
+  banks = register_file.RegisterBanks(
+      state, enabled=packed, names=list(owners),
+      integer_leaves=_integer_leaves_to_bank(state, owners, batch_size))
   rest = banks.rest(state)
   registers = register_file.RegisterFile(rest, enabled=packed)
   # The pc is never banked (ints): its positions among `rest`.
