@@ -37,11 +37,12 @@ NO_VARIABLE = ""
 # register file, from this many such leaves and this many members (known
 # when traced). A file is written back whole by every block; a bank only
 # where a block changes it, at the price of a scatter a step. NUTS (about
-# fifty such leaves, a few changed a block) gains from 16 chains on and
-# loses below; collatz (a handful of leaves, most changed every step)
-# lost a third of its speed at 64 and 1,024 members
-# (`python -m benchmarks.nuts_vm_steps`, `python -m benchmarks.programs`).
-INTEGER_BANKS_FROM_BATCH = 16
+# fifty such leaves, a few changed a block) samples faster with banks at
+# 64 and 256 chains and slower at 16 (`python -m benchmarks.ess
+# --systems=pc:xla`); collatz (a handful of leaves, most changed every
+# step) lost a third of its speed at 64 and 1,024 members
+# (`python -m benchmarks.programs`).
+INTEGER_BANKS_FROM_BATCH = 64
 INTEGER_BANKS_FROM_LEAVES = 16
 
 
