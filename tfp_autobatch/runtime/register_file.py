@@ -55,6 +55,20 @@ from tfp_autobatch.runtime import fusible
 # columns ([Z, width]) below (see the module docstring).
 ROWS_FROM_BATCH = 128
 
+
+def is_integer_or_bool(dtype):
+  """Whether registers of `dtype` hold integers: integer dtypes, and
+  booleans, held as int32 (`stored_dtype`)."""
+  return dtype.is_integer or dtype == tf.bool
+
+
+def stored_dtype(dtype):
+  """The dtype a register of `dtype` is held as in a file or a bank:
+  booleans as int32 (0 and 1), beside the int32 registers, so that a VM
+  step writes one tensor for both; any other dtype as itself."""
+  return tf.int32 if dtype == tf.bool else dtype
+
+
 # A packed leaf: its dtype, the dtype of the file it is packed in, and its
 # registers there.
 _Slot = collections.namedtuple("_Slot",
@@ -91,7 +105,7 @@ class RegisterFile:
         continue
       # Booleans are packed with the int32s: a file fewer for every VM
       # step to write.
-      file = tf.int32 if leaf.dtype == tf.bool else leaf.dtype
+      file = stored_dtype(leaf.dtype)
       key = file.name
       event_shape = shape[1:].as_list()
       width = int(np.prod(event_shape, dtype=np.int64))
@@ -265,23 +279,22 @@ class RegisterBanks:
     for leaf, integer_ok in zip(leaves, integer_leaves):
       shape = leaf.shape
       banked_dtype = leaf.dtype.is_floating or (
-          integer_ok and (leaf.dtype.is_integer or leaf.dtype == tf.bool))
+          integer_ok and is_integer_or_bool(leaf.dtype))
       if (not enabled or not banked_dtype or shape.rank is None
           or shape.rank == 0 or not shape[1:].is_fully_defined()
           or shape[1:].num_elements() == 0):
         self._slots.append(None)
         continue
-      # Booleans share the int32 bank, as 0 and 1: a scatter fewer for
-      # every VM step to run.
-      dtype = tf.int32 if leaf.dtype == tf.bool else leaf.dtype
-      key = (dtype.name, tuple(shape[1:].as_list()))
+      # Booleans share the int32 bank (`stored_dtype`): a scatter fewer
+      # for every VM step to run.
+      key = (stored_dtype(leaf.dtype).name, tuple(shape[1:].as_list()))
       self._slots.append((key, self.sizes.get(key, 0)))
       self.sizes[key] = self.sizes.get(key, 0) + 1
 
   @staticmethod
   def _in_bank(leaf):
-    """A leaf as its bank holds it (booleans as int32)."""
-    return tf.cast(leaf, tf.int32) if leaf.dtype == tf.bool else leaf
+    """A leaf as its bank holds it (`stored_dtype`)."""
+    return tf.cast(leaf, stored_dtype(leaf.dtype))
 
   def split(self, nest):
     """`(banks, rest)`: {key: [R, Z, ...]} and the unbanked leaves."""
@@ -302,14 +315,12 @@ class RegisterBanks:
     rest = iter(rest)
     rows = {key: tf.unstack(bank, num=self.sizes[key])
             for key, bank in banks.items()}
-    leaves = []
-    for slot, spec in zip(self._slots, tf.nest.flatten(self.structure)):
-      if slot is None:
-        leaves.append(next(rest))
-      else:
-        row = rows[slot[0]][slot[1]]
-        leaves.append(tf.cast(row, tf.bool) if spec.dtype == tf.bool
-                      else row)
+    # A row is cast back to its leaf's dtype (`stored_dtype`; the same
+    # tensor where that is the bank's).
+    leaves = [next(rest) if slot is None
+              else tf.cast(rows[slot[0]][slot[1]], spec.dtype)
+              for slot, spec in zip(self._slots,
+                                    tf.nest.flatten(self.structure))]
     return tf.nest.pack_sequence_as(self.structure, leaves)
 
   def written(self, positions):

@@ -212,7 +212,7 @@ def _integer_leaves_to_bank(state, owners, batch_size):
   registers (the pc, the overflow flags, the run counters) stay in the
   file: every block changes them."""
   integer = [owner != NO_VARIABLE
-             and (spec.dtype.is_integer or spec.dtype == tf.bool)
+             and register_file.is_integer_or_bool(spec.dtype)
              for spec, owner in zip(tf.nest.flatten(state), owners)]
   wide = (sum(integer) >= INTEGER_BANKS_FROM_LEAVES
           and batch_size is not None
