@@ -91,6 +91,27 @@ GRAPH_SIZES_TRACED = 8
 BLOCK_SCOPE = "vm_block_"
 
 
+def _running(halt):
+  """The VM loop's condition: some member has not halted (the next block
+  `nxt` is not the halt label), read from a table of the blocks, not
+  written `nxt < halt`.
+
+  XLA's while-loop passes (loop simplification and loop-invariant code
+  motion, run 25 times over the module when `sample_chain`'s seed split
+  keeps its simplification from a fixed point) look for a loop's trip
+  count. A condition `nxt < halt` names `nxt` as the loop's induction
+  variable, and to check it XLA copies out everything `nxt` depends on
+  in the loop's body: the whole VM step, every block, at every pass.
+  Read from a table, the condition is not a counter's, and the search
+  stops there (`python -m benchmarks.ess_first_call` times XLA's passes).
+  """
+  table = [1] * halt + [0]
+  def running(nxt, state):
+    del state
+    return tf.equal(tf.gather(tf.constant(table, tf.int32), nxt), 1)
+  return running
+
+
 def _poison(value, mask):
   def leaf(x):
     if x.dtype.is_floating or x.dtype.is_complex:
@@ -382,9 +403,9 @@ class PcVmRuntime:
         return next_block(state), state
       return body
     start = (next_block(state), state)
+    running = _running(halt)
     if len(layout.dispatches) == 1:
-      return tf.while_loop(lambda nxt, state: nxt < halt,
-                           run(layout.dispatches[0]), start,
+      return tf.while_loop(running, run(layout.dispatches[0]), start,
                            maximum_iterations=max_steps)
     if max_steps is not None:
       raise ValueError("a bound on the steps needs one dispatch (pc:graph's "
@@ -415,7 +436,7 @@ class PcVmRuntime:
           nxt, state = tf.function(functools.partial(loop),
                                    autograph=False)(nxt, state)
       return nxt, state
-    return tf.while_loop(lambda nxt, state: nxt < halt, body, start)
+    return tf.while_loop(running, body, start)
 
   def _small(self, layout, state):
     """The registers, pc and overflow flags, unpacked from the loop state."""
