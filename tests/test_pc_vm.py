@@ -132,6 +132,48 @@ def test_xla_reads_primitive_inputs_without_gathering_them():
   assert pfor_gathers(runtime._compiled[(None, False)])  # pylint: disable=protected-access
 
 
+
+def _counter_conditions(hlo):
+  """The while-loop conditions of an HLO module that compare a loop
+  variable with a constant (`i < n`), which XLA's loop passes take for a
+  counter's: their headers."""
+  found = []
+  for computation in re.split(r"\n(?=\S)", hlo):
+    header, _, body = computation.partition("\n")
+    if "cond" not in header:
+      continue
+    opcodes, compares = {}, []
+    for line in body.splitlines():
+      m = re.match(r"\s*(?:ROOT )?%(\S+) = \S+ ([\w-]+)\((.*)", line)
+      if m:
+        opcodes[m.group(1)] = m.group(2)
+        if m.group(2) == "compare":
+          compares.append(re.findall(r"%([\w.-]+)", m.group(3).split(")")[0]))
+    if any(sorted(opcodes.get(a) for a in args)
+           == ["constant", "get-tuple-element"] for args in compares):
+      found.append(header)
+  return found
+
+
+@pytest.mark.parametrize("n", [[3, 7, 1], [6]])
+def test_the_vm_loop_condition_is_not_a_counters(n):
+  """XLA's while-loop passes (run about fifty times a compilation under
+  `sample_chain`) take a loop whose condition compares a loop variable
+  with a constant for a counted loop, and to check the count they copy out
+  everything that variable depends on in the body: for the VM's loop, the
+  whole step. Its condition reads the next block from a table instead."""
+  n = tf.constant(n, tf.int32)
+  np.testing.assert_array_equal(fib(n, backend="pc:xla"),
+                                [fib_np(k) for k in n.numpy()])
+  runtime = pipeline.runtime(fib, fib._last_types, "pc:xla")  # pylint: disable=protected-access
+  hlo = runtime.compiled_for([n]).experimental_get_compiler_ir(n)(
+      stage="hlo")
+  assert " while(" in hlo
+  assert not _counter_conditions(hlo)
+  assert _counter_conditions(hlo.replace(
+      "gather(", "not-a-gather(").replace(
+          " = s32[] not-a-gather(", " = s32[] get-tuple-element("))
+
 def test_stats():
   fib(np.array([6, 1, 3], np.int32), backend="pc:graph")
   stats = fib.last_stats

@@ -7,8 +7,8 @@ upgrade breaks here; setup.py pins TensorFlow 2.21.
   which no gradient goes through (`no_gradient`, `pc_vm`).
 - `ops`, `resource_variable_ops`: the gradient registry and variable
   accesses reported to the tapes (`no_gradient`).
-- `control_flow_util`: whether a graph is compiled by XLA
-  (`pfor_conditions.in_xla_context`).
+- `in_xla_context`: whether the graph being built is compiled by XLA
+  (TensorFlow's `control_flow_util`).
 - `pfor`, `pfor_impl`: pfor's converters and entry point (`vectorize`,
   `pfor_conditions`); None where this TensorFlow lacks them.
 - `call_concrete`: a traced function called at its flat inputs.
@@ -27,7 +27,7 @@ from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflo
 from tensorflow.python.framework import func_graph  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import kernels  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops  # pylint: disable=g-direct-tensorflow-import,unused-import
-from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import,unused-import
+from tensorflow.python.ops import control_flow_util  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.ops import resource_variable_ops  # pylint: disable=g-direct-tensorflow-import,unused-import
 # Registers the floating-point operations of more op types (elementwise
 # arithmetic, reductions, matrix products) than TensorFlow's math ops do.
@@ -40,6 +40,13 @@ try:   # tf.vectorized_map's machinery
       _pfor_impl as pfor_impl)
 except ImportError:  # pragma: no cover (TF 2.21 has them)
   pfor = pfor_impl = None
+
+
+def in_xla_context():
+  """Whether the graph being built will be compiled by XLA: traced for
+  `pc:xla`, or inside a user's `tf.function(jit_compile=True)`."""
+  return control_flow_util.GraphOrParentsInXlaContext(
+      tf.compat.v1.get_default_graph())
 
 
 def call_concrete(concrete, args):

@@ -7,6 +7,8 @@ select with a mask.
 import numpy as np
 import tensorflow as tf
 
+from tfp_autobatch.runtime import _tf_private
+
 
 def size(x, axis=0):
   """The size of `x`'s dimension `axis`: a Python int where the shape
@@ -75,12 +77,15 @@ def where(mask, new, old):
   # The mask as each leaf's rank needs it, built once per rank: a slice
   # per leaf cost the trace four ops each, a few thousand in a NUTS trace.
   masks = {0: mask}
+  rows_select = mask.shape.rank == 1 and not _tf_private.in_xla_context()
   def leaf(n, o):
-    if (mask.shape.rank == 1 and n.shape.rank == o.shape.rank
+    if (rows_select and n.shape.rank == o.shape.rank
         and n.shape.is_compatible_with(o.shape)):
       # TensorFlow's first Select takes a mask of the rows as it is, and
       # skips SelectV2's broadcasting, which every VM step of `pc:graph`
-      # pays several times.
+      # pays several times. Not under XLA: its bridge lowers that Select
+      # through MLIR, about ten times as long as SelectV2 to compile, for
+      # the same computation (a few hundred of them in a NUTS step).
       return tf.raw_ops.Select(condition=mask, x=n, y=o)
     extra = n.shape.rank - mask.shape.rank
     if extra not in masks:

@@ -69,7 +69,6 @@ from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import block_runner
 from tfp_autobatch.runtime import no_gradient
-from tfp_autobatch.runtime import pfor_conditions
 from tfp_autobatch.runtime import run_counters
 from tfp_autobatch.runtime import schedule as schedule_lib
 from tfp_autobatch.runtime import stack_banks
@@ -180,7 +179,7 @@ class PcVmRuntime:
     else:
       eager = tf.executing_eagerly()
       compiled_by_xla = self.mode == "xla" or (
-          not eager and pfor_conditions.in_xla_context())
+          not eager and _tf_private.in_xla_context())
       # A traced function to call: eagerly and wherever XLA compiles the
       # VM (see `_concrete_for`); pc:graph in a graph without XLA traces in
       # it, under the tapes, which then differentiate through the VM.
@@ -224,7 +223,7 @@ class PcVmRuntime:
                                   ["tfp_autobatch: " + message])]
     # (Not where XLA compiles the caller, which drops assertions and
     # cannot compile the message's strings: the results are poisoned.)
-    if self._subscript_sites and not pfor_conditions.in_xla_context():
+    if self._subscript_sites and not _tf_private.in_xla_context():
       checks.append(subscripts.assert_no_fault(faults,
                                                self._subscript_sites))
     # pc:graph's trace for any batch size (past its first sizes, see
@@ -294,7 +293,7 @@ class PcVmRuntime:
     is called as pc:xla's is (`_concrete_for`).
     """
     size = _static_batch_size(args)
-    for_xla = self.mode == "graph" and pfor_conditions.in_xla_context()
+    for_xla = self.mode == "graph" and _tf_private.in_xla_context()
     if (self.mode == "graph" and (size, for_xla) not in self._compiled
         and sum(s is not None for s, _ in self._compiled)
         >= GRAPH_SIZES_TRACED):
@@ -343,7 +342,7 @@ class PcVmRuntime:
       if self.mode == "xla":
         xla_kernels.check(compiled, concrete, "pc:xla", (
             "backend='pc:graph', which runs it without XLA"))
-      elif pfor_conditions.in_xla_context():
+      elif _tf_private.in_xla_context():
         xla_kernels.check(
             compiled, concrete,
             "pc:graph inside tf.function(jit_compile=True)",
@@ -430,7 +429,7 @@ class PcVmRuntime:
         # `compiled_for`: TF's retracing detector would count the loops
         # as one function traced again and again.
         if (_in_v1_graph() and self.mode == "graph"
-            and not pfor_conditions.in_xla_context()):
+            and not _tf_private.in_xla_context()):
           nxt, state = loop(nxt, state)   # see `_in_v1_graph`
         else:
           nxt, state = tf.function(functools.partial(loop),
@@ -508,7 +507,7 @@ class PcVmRuntime:
     dispatch writes, nothing for the others (fib on 4,096 members under
     `pc:graph` copied its three stacks every step)."""
     xla = self.mode == "xla"
-    if xla or pfor_conditions.in_xla_context():
+    if xla or _tf_private.in_xla_context():
       return layout.stacks.apply(stacks, writes, xla=xla)
     out = dict(stacks)
     for name in layout.stacks.names:

@@ -12,7 +12,7 @@ blocks (XLA never raises, so a branch's junk rows are harmless). A
 conditional whose predicate is the same for every row keeps pfor's own
 conversion. `pc:xla` always vectorises under `as_selects()`; `pc:graph`
 does where it is traced inside a user's `tf.function(jit_compile=True)`
-(`in_xla_context`).
+(`_tf_private.in_xla_context`).
 
 Under `as_selects()` too, a split, concatenation, reduction or
 cumulative sum or product whose axis is a constant keeps its (shifted)
@@ -35,7 +35,6 @@ import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch.runtime import batch_state
-from tfp_autobatch.runtime._tf_private import control_flow_util
 from tfp_autobatch.runtime._tf_private import pfor as _pfor
 
 
@@ -177,13 +176,6 @@ _SELECT_CONVERTERS = _select_converters()
 _GRADIENT_CONVERTERS = {} if _pfor is None else {
     "GatherV2": _make_gather_converter(
         _pfor._pfor_converter_registry["GatherV2"])}  # pylint: disable=protected-access
-
-
-def in_xla_context():
-  """Whether the graph being built will be compiled by XLA: traced for
-  `pc:xla`, or inside a user's `tf.function(jit_compile=True)`."""
-  return control_flow_util.GraphOrParentsInXlaContext(
-      tf.compat.v1.get_default_graph())
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ picks that block from the members' program counters:
 import tensorflow as tf
 
 from tfp_autobatch.ir import ir2
-from tfp_autobatch.runtime import pfor_conditions
+from tfp_autobatch.runtime import _tf_private
 
 SCHEDULES = ("lowest_pc", "most_waiting", "crowded_lowest_pc",
              "primitives_last")
@@ -50,7 +50,7 @@ class Schedule:
       return tf.reduce_min(tf.concat([pc_top, [halt]], 0))
     # Each schedule is maxima over the blocks' member counts, then the
     # lowest block index that qualifies (the halt label if none does).
-    if pfor_conditions.in_xla_context():
+    if _tf_private.in_xla_context():
       # XLA fuses the one-hot into the sum.
       counts = tf.reduce_sum(tf.one_hot(pc_top, halt, dtype=tf.int32), 0)
     else:

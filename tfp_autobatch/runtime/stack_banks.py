@@ -27,8 +27,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch import errors
+from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
-from tfp_autobatch.runtime import pfor_conditions
 
 # `stack[row[i], i] = value[i]` where `mask[i]`, applied after a block.
 StackWrite = collections.namedtuple("StackWrite", ["row", "value", "mask"])
@@ -76,7 +76,7 @@ def _row_or_skip(write, depth):
 def rows_at(stack, sp):
   """`stack[sp[i], i]` for each row i, per leaf."""
   depth = batch_state.size(tf.nest.flatten(stack)[0])
-  if pfor_conditions.in_xla_context():
+  if _tf_private.in_xla_context():
     # XLA fuses a bank's static slice (`StackBanks.view`) into this gather.
     idx = _row_pairs(tf.clip_by_value(sp, 0, depth - 1))
     return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)

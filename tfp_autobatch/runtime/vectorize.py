@@ -354,7 +354,7 @@ class KernelCache:
     `batch_size` rows (None: any number, known only when it runs)."""
     # (A kernel traced for XLA, also the user's `jit_compile` around
     # pc:graph, vectorises conditionals differently: `pfor_conditions`.)
-    compiled_by_xla = self.inside_xla or pfor_conditions.in_xla_context()
+    compiled_by_xla = self.inside_xla or _tf_private.in_xla_context()
     if _FOR_XLA_GRADIENT.get():
       return batched_fn(op, out_types, self.inside_xla, compiled_by_xla)
     # Under XLA a batched primitive (the user's model) reads its small
