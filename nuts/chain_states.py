@@ -127,17 +127,27 @@ def check_finite_start(logp):
   assertion (InvalidArgumentError when it runs), which XLA drops under
   `jit_compile=True`, where nothing can raise. The returned log density
   depends on the assertion, so that it runs in a `tf.compat.v1` graph too,
-  where nothing runs an op that no fetched tensor needs."""
+  where nothing runs an op that no fetched tensor needs.
+
+  Traced, the check reads the log density through a loop that never
+  runs. XLA drops the assertion, but compiling it, TensorFlow first tries
+  to evaluate what the assertion's guard and its indices depend on as
+  compile-time constants: the whole target, on the host, in XLA's slow
+  evaluator (seconds for a model with a large data matrix, at every
+  compilation of a bootstrap). A loop's results stop that evaluation, and
+  XLA deletes a loop that runs zero times."""
   if not tf.executing_eagerly():
     # Flat, so that a log density of unknown rank (a state fed through
     # `placeholder_with_default` without a shape) is checked too.
-    finite = tf.math.is_finite(tf.reshape(logp, [-1]))
+    flat = tf.while_loop(lambda _: False, lambda x: x,
+                         [tf.reshape(logp, [-1])])[0]
+    finite = tf.math.is_finite(flat)
     check = tf.debugging.Assert(
         tf.reduce_all(finite),
         ["target_log_prob_fn is not finite at the initial state of the "
          "chains with these (flat) indices; start them inside the support:",
          tf.where(~finite), "values:",
-         tf.boolean_mask(tf.reshape(logp, [-1]), ~finite)],
+         tf.boolean_mask(flat, ~finite)],
         summarize=10, name="check_finite_start")
     with tf.control_dependencies([check]):
       return tf.identity(logp)
