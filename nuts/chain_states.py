@@ -133,7 +133,7 @@ def check_finite_start(logp):
   runs. XLA drops the assertion, but compiling it, TensorFlow first tries
   to evaluate what the assertion's guard and its indices depend on as
   compile-time constants: the whole target, on the host, in XLA's slow
-  evaluator (seconds for a model with a large data matrix, at every
+  evaluator (costly for a model with a large data matrix, at every
   compilation of a bootstrap). A loop's results stop that evaluation, and
   XLA deletes a loop that runs zero times."""
   if not tf.executing_eagerly():

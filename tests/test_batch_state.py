@@ -36,8 +36,8 @@ def test_where_takes_a_row_mask_as_it_is():
 
 def test_where_under_xla_broadcasts_a_row_mask_with_select_v2():
   """TensorFlow's bridge to XLA lowers the first Select through MLIR,
-  about ten times as long to compile as SelectV2 for the same
-  computation: under XLA the mask is broadcast once per rank instead."""
+  far longer to compile than SelectV2 for the same computation: under
+  XLA the mask is broadcast once per rank instead."""
   seen = []
   @tf.function(jit_compile=True)
   def select(mask, a, b):

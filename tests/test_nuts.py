@@ -727,7 +727,7 @@ def test_non_finite_initial_log_prob_names_the_chain():
 def test_the_finite_start_check_reads_the_target_through_a_loop():
   """Compiling the assertion, XLA's bridge first tries to evaluate its
   guard and indices as constants on the host, the whole target included
-  (9 s of a logistic regression's bootstrap on 10,000 points). A loop's
+  (most of a logistic regression's bootstrap on 10,000 points). A loop's
   results stop that: nothing in the check reaches the target but through
   one."""
   def target(x):

@@ -84,8 +84,8 @@ def where(mask, new, old):
       # TensorFlow's first Select takes a mask of the rows as it is, and
       # skips SelectV2's broadcasting, which every VM step of `pc:graph`
       # pays several times. Not under XLA: its bridge lowers that Select
-      # through MLIR, about ten times as long as SelectV2 to compile, for
-      # the same computation (a few hundred of them in a NUTS step).
+      # through MLIR, one small module per op, far longer to compile than
+      # SelectV2 for the same computation (a NUTS step has hundreds).
       return tf.raw_ops.Select(condition=mask, x=n, y=o)
     extra = n.shape.rank - mask.shape.rank
     if extra not in masks:
