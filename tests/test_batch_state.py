@@ -33,7 +33,6 @@ def test_where_takes_a_row_mask_as_it_is():
   assert ops == ["Select"] * 10
 
 
-
 def test_where_under_xla_broadcasts_a_row_mask_with_select_v2():
   """TensorFlow's bridge to XLA lowers the first Select through MLIR,
   far longer to compile than SelectV2 for the same computation: under
@@ -53,6 +52,7 @@ def test_where_under_xla_broadcasts_a_row_mask_with_select_v2():
   np.testing.assert_array_equal(got[1], [[0, 0], [1, 1], [0, 0]])
   assert "Select" not in seen
   assert seen.count("SelectV2") == 3
+
 
 def test_where_expands_a_wider_mask_once_per_rank():
   graph = tf.Graph()

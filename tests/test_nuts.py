@@ -723,7 +723,6 @@ def test_non_finite_initial_log_prob_names_the_chain():
         session.run(results.target_log_prob)
 
 
-
 def test_the_finite_start_check_reads_the_target_through_a_loop():
   """Compiling the assertion, XLA's bridge first tries to evaluate its
   guard and indices as constants on the host, the whole target included
@@ -751,6 +750,7 @@ def test_the_finite_start_check_reads_the_target_through_a_loop():
       continue
     todo.extend(t.op for t in op.inputs)
   assert loops
+
 
 def test_bad_settings_are_rejected():
   with pytest.raises(ValueError, match="max_tree_depth"):
