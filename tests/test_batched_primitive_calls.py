@@ -187,3 +187,55 @@ def test_members_first_orders_rows_as_a_stable_sort_by_membership_would():
       stage="hlo")
   assert batched_primitive_calls.MEMBERS_FIRST in hlo
   assert " sort(" not in hlo
+
+
+_FIXED_FACTOR = tf.linalg.cholesky(tf.constant([[4., 1.], [1., 3.]]))
+
+
+@tab.batched_primitive
+def _solve_fixed(x):        # [n, 2]: against a fixed factor
+  return tf.linalg.triangular_solve(_FIXED_FACTOR, x[..., None])[..., 0]
+
+
+@tab.batched_primitive
+def _solve_own(x):          # [n, 2]: against a factor of each row's own
+  factor = tf.linalg.cholesky(
+      _FIXED_FACTOR + tf.reduce_sum(x ** 2, -1)[:, None, None])
+  return tf.linalg.triangular_solve(factor, x[..., None])[..., 0]
+
+
+@tab.batch
+def _halvings_solved_fixed(x, n):
+  while n > 0:
+    x = _solve_fixed(x)
+    n = n - 1
+  return x
+
+
+@tab.batch
+def _halvings_solved_own(x, n):
+  while n > 0:
+    x = _solve_own(x)
+    n = n - 1
+  return x
+
+
+def test_a_solve_against_a_fixed_matrix_is_named_under_xla(caplog):
+  # XLA moves work on constants alone (a fixed factor's triangular
+  # inverse) out of a plain loop but not out of the conditionals the VM
+  # runs a batched primitive in, so under XLA the primitive's call redoes
+  # it every time: a warning names the op and the line that made it, once.
+  x = tf.ones([5, 2])
+  n = tf.constant([1, 2, 3, 0, 2])
+  want = _halvings_solved_fixed(x, n, backend="pc:graph")
+  assert "does not depend on its inputs" not in caplog.text
+  for size in (5, 3):   # two traces, one warning
+    got = _halvings_solved_fixed(x[:size], n[:size], backend="pc:xla")
+    np.testing.assert_allclose(got, want[:size], rtol=1e-6)
+  assert caplog.text.count("does not depend on its inputs") == 1
+  assert "MatrixTriangularSolve (made at" in caplog.text
+  assert "test_batched_primitive_calls.py:" in caplog.text
+  # A factor computed from the primitive's inputs is not such work.
+  caplog.clear()
+  _halvings_solved_own(x, n, backend="pc:xla")
+  assert "does not depend on its inputs" not in caplog.text

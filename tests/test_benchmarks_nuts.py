@@ -717,3 +717,23 @@ def test_demo_prints_no_tensorflow_warnings(tmp_path):
   for noise in ("WARNING", "casting", "deprecat", "oneDNN", "cuda",
                 "Ignoring Assert", "it/s", "step/s"):
     assert noise.lower() not in output.lower(), (noise, output)
+
+
+def test_constant_work_benchmark_compares_two_targets_of_one_density():
+  # The rewritten target is the model's density up to a constant, and
+  # each target gets a record of ours and one of TFP's kernel.
+  from benchmarks import constant_work
+  targets = constant_work.problems(num_dims=3, step_size=0.3)
+  x = tf.constant(np.random.default_rng(0).standard_normal((5, 3)),
+                  tf.float32)
+  difference = (targets["model"].target_log_prob(x)
+                - targets["inverse factor"].target_log_prob(x)).numpy()
+  np.testing.assert_allclose(difference, difference[0], rtol=1e-5)
+  records = constant_work.measure(num_dims=3, chains=[2], step_size=0.3,
+                                  repeats=1, warmup=0, backend="pc:graph",
+                                  jit_compile=False)
+  assert [(r["target"], r["backend"]) for r in records] == [
+      ("model", "pc:graph"), ("model", "tfp"),
+      ("inverse factor", "pc:graph"), ("inverse factor", "tfp")]
+  assert all(r["batch_size"] == 2 and r["us_per_max_leapfrog"] > 0
+             for r in records)

@@ -1,6 +1,8 @@
 """`_tf_private.call_concrete`: a traced function called at its flat inputs
 behaves as its own call does. `_tf_private.eager_captures_as_constants`:
-small eager tensors become constants of the graph that reads them."""
+small eager tensors become constants of the graph that reads them.
+`_tf_private.matrix_work_on_constants`: factorisations and solves of
+matrices that do not depend on a graph's arguments."""
 import numpy as np
 import tensorflow as tf
 
@@ -141,3 +143,43 @@ def test_float_ops_estimates_a_graph_with_its_calls_and_branches():
     return tf.while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2.),
                          (0, x))[1]
   assert ops_of(loop, matrix) is None
+
+
+_FACTOR = tf.linalg.cholesky(tf.constant([[4., 1.], [1., 3.]]))
+
+
+@tf.function
+def _solved_inside(x):
+  return tf.linalg.triangular_solve(_FACTOR, x)
+
+
+def test_matrix_work_on_constants_is_told_from_work_on_the_arguments():
+  spec = tf.TensorSpec([2, 1], tf.float32)
+
+  @tf.function
+  def on_a_fixed_factor(x):
+    return tf.linalg.triangular_solve(_FACTOR, x)
+
+  @tf.function
+  def on_a_factor_of_the_argument(x):
+    factor = tf.linalg.cholesky(_FACTOR + tf.reduce_sum(x) ** 2)
+    return tf.linalg.triangular_solve(factor, x)
+
+  @tf.function
+  def in_a_called_function(x):
+    return _solved_inside(x) + tf.linalg.inv(tf.eye(2) + x[0, 0])
+
+  found = _tf_private.matrix_work_on_constants(
+      on_a_fixed_factor.get_concrete_function(spec).graph)
+  assert [op for op, _ in found] == ["MatrixTriangularSolve"]
+  # Where it was made: this file, outside TensorFlow and its libraries.
+  assert "test_tf_private.py:" in found[0][1]
+  # The factor and the solve depend on the argument; the fixed factor
+  # plus a square of it does too.
+  assert _tf_private.matrix_work_on_constants(
+      on_a_factor_of_the_argument.get_concrete_function(spec).graph) == []
+  # Through a call: the called function's solve is on a capture of its
+  # own; the inverse depends on the argument.
+  found = _tf_private.matrix_work_on_constants(
+      in_a_called_function.get_concrete_function(spec).graph)
+  assert [op for op, _ in found] == ["MatrixTriangularSolve"]

@@ -19,6 +19,9 @@ upgrade breaks here; setup.py pins TensorFlow 2.21.
 - `float_ops`: TensorFlow's estimate of a graph's floating-point
   operations (its profiler's registry), to tell a cheap model from a
   costly one (`batched_primitive_calls`).
+- `matrix_work_on_constants`: a graph's matrix factorisations and solves
+  of matrices that do not depend on its arguments
+  (`batched_primitive_calls`).
 """
 import contextlib
 
@@ -194,3 +197,80 @@ def eager_captures_as_constants(max_elements=CONSTANT_CAPTURE_MAX_ELEMENTS):
       del graph.capture
     else:
       graph.capture = replaced
+
+
+# Matrix operations whose XLA lowering loops over their first operand (a
+# factorisation, an inversion of triangular blocks): work that depends on
+# that operand alone (`matrix_work_on_constants`).
+MATRIX_OPS = ("Cholesky", "MatrixTriangularSolve", "MatrixSolve",
+              "MatrixInverse", "MatrixDeterminant", "LogMatrixDeterminant",
+              "SelfAdjointEigV2", "Svd", "Qr", "Lu")
+# Function calls, whose outputs may depend on any of their inputs.
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
+# The file paths of libraries, skipped when naming where an operation was
+# made: TensorFlow, TensorFlow Probability and this package.
+_LIBRARY_PATHS = ("/tensorflow/", "/tensorflow_probability/",
+                  "/tfp_autobatch/", "/nuts/", "/keras/", "/tf_keras/")
+
+
+def matrix_work_on_constants(graph, library=None, dependent=None):
+  """`[(op type, "file:line")]` of the `MATRIX_OPS` in `graph` (and in the
+  functions it calls) whose matrix (first input) does not depend on the
+  graph's arguments: the same factorisation or solve at every call.
+  "file:line" is the innermost frame of the op's creation outside
+  TensorFlow, TFP and this package (the model's own line), or "". A
+  captured value (a model's fixed scale, a variable) does not depend on
+  the arguments. `dependent`: for a called graph, its inputs that depend
+  on the caller's arguments (default: every argument of `graph`)."""
+  library = graph if library is None else library
+  if dependent is None:
+    captured = {t.ref() for t in graph.internal_captures}
+    dependent = {t.ref() for t in graph.inputs if t.ref() not in captured}
+  depends = {}   # op -> whether one of its inputs depends on them
+  entered = set()
+
+  def depends_on_arguments(tensor):
+    # Iteratively, inputs first: a model's graph can be deeper than
+    # Python's recursion limit (an unrolled time series). An input met
+    # again before it is done (a cycle, which a function's graph has not)
+    # counts as not depending.
+    if tensor.ref() in dependent:
+      return True
+    pending = [tensor.op]
+    while pending:
+      op = pending[-1]
+      if op in depends:
+        pending.pop()
+        continue
+      if op not in entered:
+        entered.add(op)
+        waiting = [t.op for t in op.inputs if t.ref() not in dependent
+                   and t.op not in depends and t.op not in entered]
+        if waiting:
+          pending.extend(waiting)
+          continue
+      pending.pop()
+      depends[op] = any(t.ref() in dependent or depends.get(t.op, False)
+                        for t in op.inputs)
+    return depends[tensor.op]
+
+  found = []
+  for op in graph.get_operations():
+    if op.type in MATRIX_OPS and op.inputs and not depends_on_arguments(
+        op.inputs[0]):
+      found.append((op.type, _made_at(op)))
+    elif op.type in _CALLS:
+      for called in called_graphs(op, library):
+        inner = {t.ref() for t, outer in zip(called.inputs, op.inputs)
+                 if depends_on_arguments(outer)}
+        found += matrix_work_on_constants(called, library, inner)
+  return found
+
+
+def _made_at(op):
+  """"file:line" of the innermost frame of `op`'s creation outside the
+  libraries (`_LIBRARY_PATHS`), or "" if none."""
+  for frame in reversed(op.traceback):
+    if not any(path in frame.filename for path in _LIBRARY_PATHS):
+      return f"{frame.filename}:{frame.lineno}"
+  return ""

@@ -10,6 +10,7 @@ row gets outputs back: the members their own, the others a member's
 (junk that the block discards, but values the model made, so nothing
 raises on them).
 """
+import logging
 import weakref
 
 import tensorflow as tf
@@ -130,6 +131,45 @@ def buckets_pay(kernel, z):
         kernel.get_concrete_function().graph)
   total = _FLOAT_OPS[kernel]
   return total is None or total >= BUCKETS_FROM_FLOAT_OPS_PER_ROW * z
+
+
+# The batched primitives already checked (`warn_of_matrix_work_on_constants`).
+_CHECKED_FOR_CONSTANT_WORK = weakref.WeakSet()
+
+
+def warn_of_matrix_work_on_constants(kernel, code):
+  """Warns, once per `code` (a `@batched_primitive`'s call), where its
+  `kernel` (a traced `tf.function`) factorises or solves a matrix that does
+  not depend on its inputs (`_tf_private.matrix_work_on_constants`): a
+  model's fixed Cholesky factor, say, that a Gaussian's density solves
+  against. Under XLA the call runs in a conditional (one block of the VM,
+  one bucket), out of which XLA does not move work that depends on
+  constants alone, as it does out of a plain loop (TFP's kernels), so that
+  work, often a loop of its own, is redone at every call. Computed once
+  outside the primitive (the factor's inverse), it costs nothing per call
+  (docs/backends.md, "Work on constants in a batched primitive")."""
+  if code in _CHECKED_FOR_CONSTANT_WORK:
+    return
+  _CHECKED_FOR_CONSTANT_WORK.add(code)
+  found = _tf_private.matrix_work_on_constants(
+      kernel.get_concrete_function().graph)
+  if not found:
+    return
+  first_at = {}   # each op type where it is first made: the value's own
+  for op_type, at in found:   # op comes before its gradient's
+    first_at.setdefault(op_type, at)
+  where = [f"{op_type} (made at {at})" if at else op_type
+           for op_type, at in sorted(first_at.items())]
+  logging.warning(
+      "tfp_autobatch: the batched primitive called at %s:%d (with NUTS, "
+      "the target log density) computes %s on a matrix that does not "
+      "depend on its inputs. Under XLA it runs "
+      "inside the batched program's conditionals, out of which XLA does not "
+      "move such work, so it is redone at every call. Compute it once "
+      "outside the function (for a fixed Cholesky factor L that a Gaussian "
+      "solves against, its inverse, and multiply by that): see "
+      "docs/backends.md, \"Work on constants in a batched primitive\".",
+      code.filename, code.lineno, ", ".join(where))
 
 
 # The name scope of the ops that gather a bucket's members (`_members_first`).

@@ -28,6 +28,7 @@ from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.analysis import liveness
+from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import batched_primitive_calls
 from tfp_autobatch.analysis import raise_free
@@ -294,6 +295,9 @@ class BlockExecution:
     skip = lambda: (self.zeros(op), 0)
     if vectorize.tracing_for_xla_gradient():
       return self._call_on_every_row(op, guard, ins, skip)
+    if self.mode == "xla" or _tf_private.in_xla_context():
+      batched_primitive_calls.warn_of_matrix_work_on_constants(
+          self.kernel_of(op, self.static_z), op.code)
     if self.mode == "xla":
       # Traced for each bucket's static size: XLA cannot compile some
       # models' gradients traced for any number of rows (TFP's
