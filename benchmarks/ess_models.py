@@ -103,10 +103,19 @@ def initial_state(model, num_chains, seed):
 
 
 def _gym_model(name):
+  class_name, what = GYM_MODELS[name]
+  return gym_model(class_name, name, what)
+
+
+def gym_model(class_name, name, what):
+  """Inference Gym's target `class_name`, built with its defaults, as a
+  `Model` named `name`: a flat unconstrained target (the model's default
+  event-space bijector, with its log-Jacobian) and the ground truth of its
+  identity transformation (NaN where the model has none). `what`: the
+  description's end."""
   # inference_gym imports TensorFlow Probability's substrate lazily; it
   # is an optional benchmark dependency (setup.py's `bench` extra).
   from inference_gym import using_tensorflow as gym   # pylint: disable=g-import-not-at-top
-  class_name, what = GYM_MODELS[name]
   model = gym.targets.VectorModel(getattr(gym.targets, class_name)(),
                                   flatten_sample_transformations=True)
   bijector = model.default_event_space_bijector
@@ -133,7 +142,8 @@ def _gym_model(name):
                           np.float64),
                np.asarray(identity.ground_truth_mean_standard_error,
                           np.float64),
-               0.1, f"Inference Gym {class_name}: {what}")
+               0.1, f"Inference Gym {class_name}" + (f": {what}" if what
+                                                     else ""))
 
 
 def _correlated_gaussian():

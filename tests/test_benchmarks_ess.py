@@ -145,3 +145,25 @@ def test_first_call_profile_sums_events_by_name_over_threads():
       event.duration_ps = int(seconds * 1e12)
   assert ess_first_call.event_seconds(space) == {
       "simplify-while-loops": (3.0, 2), "FusionCompiler": (0.5, 1)}
+
+
+def test_gym_models_sweep_runs_a_model_with_both_kernels_or_says_why_not():
+  from benchmarks import gym_models
+  names = gym_models.gym_targets()
+  assert {"Banana", "IllConditionedGaussian", "EightSchools"} <= set(names)
+  assert not {"Model", "BayesianModel", "VectorModel"} & set(names)
+  record = gym_models.run_one("Banana", chains=2, num_warmup=10,
+                              num_draws=10, systems=("tfp", "pc:graph"))
+  assert record["num_dims"] == 2
+  for system in ("tfp", "pc:graph"):
+    assert record[system]["finite"], record
+    assert record[system]["max_error_in_sd"] >= 0
+    assert record[system]["first_call_s"] > 0
+  assert "Banana (2-d): tfp first call" in gym_models.summary(record)
+  # A target that needs constructor arguments is skipped, with the reason,
+  # also through the process that runs each model.
+  skipped, = gym_models.run_all(["LogisticRegression"], chains=2,
+                                num_warmup=10, num_draws=10, timeout_s=300)
+  assert skipped["model"] == "LogisticRegression"
+  assert "TypeError" in skipped["skipped"]
+  assert gym_models.summary(skipped).startswith("LogisticRegression: skipped")
