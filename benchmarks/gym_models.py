@@ -66,7 +66,8 @@ def run_one(name, chains, num_warmup, num_draws, systems=SYSTEMS, seed=0):
   record["num_dims"] = model.num_dims
   rng = np.random.default_rng([seed, zlib.crc32(name.encode()), chains])
   init = rng.uniform(-2., 2., (chains, model.num_dims)).astype(np.float32)
-  truth_known = bool(np.all(np.isfinite(model.truth_mean)))
+  truth_known = bool(np.all(np.isfinite(model.truth_mean))
+                     and np.all(np.isfinite(model.truth_sd)))
   for system in systems:
     began = time.perf_counter()
     try:
