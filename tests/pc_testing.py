@@ -74,6 +74,19 @@ def model_first(n):
   return model_first(n - 1) + y
 
 
+def repeated(primitive):
+  """A batched function `(x, n) -> x` that applies the
+  `@tab.batched_primitive` `primitive` to each example n times, its own n:
+  a model called at every step of a loop, by fewer members each time."""
+  @tab.batch
+  def steps(x, n):
+    while n > 0:
+      x = primitive(x)
+      n = n - 1
+    return x
+  return steps
+
+
 @tab.batch
 def sum_to(n):
   if n <= 0:

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tfp_autobatch as tab
-from pc_testing import INT, cheap_double_all, model_first
+from pc_testing import INT, cheap_double_all, model_first, repeated
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import batched_primitive_calls
 
@@ -204,20 +204,8 @@ def _solve_own(x):          # [n, 2]: against a factor of each row's own
   return tf.linalg.triangular_solve(factor, x[..., None])[..., 0]
 
 
-@tab.batch
-def _halvings_solved_fixed(x, n):
-  while n > 0:
-    x = _solve_fixed(x)
-    n = n - 1
-  return x
-
-
-@tab.batch
-def _halvings_solved_own(x, n):
-  while n > 0:
-    x = _solve_own(x)
-    n = n - 1
-  return x
+_solve_fixed_repeatedly = repeated(_solve_fixed)
+_solve_own_repeatedly = repeated(_solve_own)
 
 
 def test_a_solve_against_a_fixed_matrix_is_named_under_xla(caplog):
@@ -227,15 +215,15 @@ def test_a_solve_against_a_fixed_matrix_is_named_under_xla(caplog):
   # it every time: a warning names the op and the line that made it, once.
   x = tf.ones([5, 2])
   n = tf.constant([1, 2, 3, 0, 2])
-  want = _halvings_solved_fixed(x, n, backend="pc:graph")
+  want = _solve_fixed_repeatedly(x, n, backend="pc:graph")
   assert "does not depend on its inputs" not in caplog.text
   for size in (5, 3):   # two traces, one warning
-    got = _halvings_solved_fixed(x[:size], n[:size], backend="pc:xla")
+    got = _solve_fixed_repeatedly(x[:size], n[:size], backend="pc:xla")
     np.testing.assert_allclose(got, want[:size], rtol=1e-6)
   assert caplog.text.count("does not depend on its inputs") == 1
   assert "MatrixTriangularSolve (made at" in caplog.text
   assert "test_batched_primitive_calls.py:" in caplog.text
   # A factor computed from the primitive's inputs is not such work.
   caplog.clear()
-  _halvings_solved_own(x, n, backend="pc:xla")
+  _solve_own_repeatedly(x, n, backend="pc:xla")
   assert "does not depend on its inputs" not in caplog.text

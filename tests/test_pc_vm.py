@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pc_testing import INT, fib, fib_np
+from pc_testing import INT, fib, fib_np, repeated
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.ir import ir2
@@ -327,12 +327,7 @@ def _scaled_model(x):
   return x * tf.math.log(_SCALE) + tf.reduce_sum(_DATA) * 0.
 
 
-@tab.batch
-def _scaled_steps(x, n):
-  while n > 0:
-    x = _scaled_model(x)
-    n = n - 1
-  return x
+_scaled_steps = repeated(_scaled_model)
 
 
 def test_a_model_computes_from_its_small_eager_tensors_once():
