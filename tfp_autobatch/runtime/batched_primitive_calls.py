@@ -10,6 +10,7 @@ row gets outputs back: the members their own, the others a member's
 (junk that the block discards, but values the model made, so nothing
 raises on them).
 """
+import functools
 import logging
 import weakref
 
@@ -95,7 +96,7 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   call runs on every row, or not at all."""
   count = tf.reduce_sum(tf.cast(members, tf.int32))
   sizes = member_bucket_sizes(z, members.shape[0])
-  if sizes and not buckets_pay(kernel_for(z), z):
+  if sizes and not buckets_pay(kernel_for(z), z, ins):
     sizes = []
 
   def everyone():
@@ -118,17 +119,23 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   return opaque_to_constant_inference(outs), rows, count
 
 
-def buckets_pay(kernel, z):
-  """Whether `kernel` (a `tf.function` of the rows and the inputs, traced
-  for `z` rows) costs enough per row for buckets to pay: at least
+def buckets_pay(kernel, z, ins=()):
+  """Whether `kernel` (a function of the rows and the inputs `ins`: a
+  `tf.function` traced for `z` rows, or one traced in place, as for the
+  reverse VM) costs enough per row for buckets to pay: at least
   `BUCKETS_FROM_FLOAT_OPS_PER_ROW` floating-point operations a row, or a
   cost that cannot be told (a loop inside, a batch size unknown when
   traced)."""
   if not isinstance(z, int):
     return True
   if kernel not in _FLOAT_OPS:
-    _FLOAT_OPS[kernel] = _tf_private.float_ops(
-        kernel.get_concrete_function().graph)
+    if not hasattr(kernel, "get_concrete_function"):
+      kernel = tf.function(functools.partial(kernel, z), autograph=False)
+      specs = tf.nest.map_structure(tf.TensorSpec.from_tensor, ins)
+      graph = kernel.get_concrete_function(*specs).graph
+    else:
+      graph = kernel.get_concrete_function().graph
+    _FLOAT_OPS[kernel] = _tf_private.float_ops(graph)
   total = _FLOAT_OPS[kernel]
   return total is None or total >= BUCKETS_FROM_FLOAT_OPS_PER_ROW * z
 
@@ -243,3 +250,86 @@ def opaque_to_constant_inference(values):
   if not values:
     return values
   return list(tf.while_loop(lambda *_: False, lambda *v: v, values))
+
+
+def on_members_in_buckets_with_vjp(kernel_for, z, members, ins, skip):
+  """`on_members_in_buckets`, for the reverse VM (`reverse_vm`): with a
+  gradient taken bucket by bucket. The vector-Jacobian product runs in a
+  conditional of its own on the same bucket: the members' rows and their
+  upstream gradients gathered, the kernel run again under a tape inside
+  the branch, the inputs' gradients scattered back to the members' rows.
+  TensorFlow's gradient of the forward conditional would instead make its
+  branches return every intermediate the gradient reads, and XLA copies
+  each intermediate that is a branch's input (the model's weights, at
+  every call)."""
+  count = tf.reduce_sum(tf.cast(members, tf.int32))
+  sizes = member_bucket_sizes(z, members.shape[0])
+  if sizes and not buckets_pay(kernel_for(z), z, ins):
+    sizes = []
+  index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
+  flat_ins = tf.nest.flatten(ins)
+  float_positions = [i for i, x in enumerate(flat_ins) if x.dtype.is_floating]
+
+  def with_floats(floats):
+    flat = list(flat_ins)
+    for i, x in zip(float_positions, floats):
+      flat[i] = x
+    return tf.nest.pack_sequence_as(ins, flat)
+
+  structure = []   # the outputs' nest, which custom_gradient flattens
+
+  @tf.custom_gradient
+  def call(*floats):
+    outs, rows, _ = on_members_in_buckets(kernel_for, z, members,
+                                          with_floats(floats), skip)
+    structure.append(outs)
+    outs = tf.nest.flatten(outs)
+
+    def gradient(*upstream, variables=None):
+      variables = list(variables or [])
+      upstream = [tf.zeros_like(o) if u is None else tf.convert_to_tensor(u)
+                  for o, u in zip(outs, upstream)]
+
+      def vjp(size, order):
+        def run():
+          taken = [x if order is None else tf.gather(x, order)
+                   for x in floats]
+          taken_upstream = [u if order is None else tf.gather(u, order)
+                            for u in upstream]
+          with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(taken)
+            tape.watch(variables)
+            result = tf.nest.flatten(list(kernel_for(size)(
+                size, *with_floats(taken))))
+          grads = tape.gradient(
+              [r for r in result if r.dtype.is_floating], taken + variables,
+              output_gradients=[u for r, u in zip(result, taken_upstream)
+                                if r.dtype.is_floating],
+              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+          grads = [tf.convert_to_tensor(g) for g in grads]
+          input_grads = grads[:len(taken)]
+          if order is not None:
+            input_grads = [tf.scatter_nd(order[:, None], g, tf.shape(x))
+                           for g, x in zip(input_grads, floats)]
+          return input_grads, grads[len(taken):]
+        return run
+
+      def bucket(size):
+        def run():
+          before = _members_before(members)
+          order = _members_first(members, before, count)[:size]
+          return vjp(size, order)()
+        return run
+
+      def nothing():
+        return ([tf.zeros_like(x) for x in floats],
+                [tf.zeros_like(v) for v in variables])
+
+      input_grads, variable_grads = tf.switch_case(
+          index, [vjp(z, None)] + [bucket(n) for n in sizes] + [nothing])
+      return input_grads, variable_grads
+    return outs + [rows], gradient
+
+  results = call(*[flat_ins[i] for i in float_positions])
+  return (tf.nest.pack_sequence_as(structure[0], list(results[:-1])),
+          results[-1], count)

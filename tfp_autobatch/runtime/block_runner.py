@@ -293,11 +293,13 @@ class BlockExecution:
     `batched_primitive_calls`)."""
     ins = [self.read(v) for v in op.ins]
     skip = lambda: (self.zeros(op), 0)
-    if vectorize.tracing_for_xla_gradient():
-      return self._call_on_every_row(op, guard, ins, skip)
     if self.mode == "xla" or _tf_private.in_xla_context():
       batched_primitive_calls.warn_of_matrix_work_on_constants(
           self.kernel_of(op, self.static_z), op.code)
+    if vectorize.tracing_for_xla_gradient():
+      return batched_primitive_calls.on_members_in_buckets_with_vjp(
+          functools.partial(self.kernel_of, op), self.z,
+          self.members(guard), ins, skip)
     if self.mode == "xla":
       # Traced for each bucket's static size: XLA cannot compile some
       # models' gradients traced for any number of rows (TFP's
@@ -308,24 +310,6 @@ class BlockExecution:
     return batched_primitive_calls.on_members_exactly(
         self.kernel_of(op), self.members(guard), ins, skip,
         eager=self.mode == "eager")
-
-  def _call_on_every_row(self, op, guard, ins, skip):
-    """A @batched_primitive's call as `call_batched_primitive`'s, run on
-    every row, the other rows reading a member's inputs, for the VM
-    traced for XLA's gradient (`vectorize.for_xla_gradient`). Not on
-    members gathered: the loop's gradient keeps a model call's
-    intermediates step by step in buffers of one static shape, and on
-    `pc:xla`'s buckets it kept every bucket's at every step (the
-    TreeLSTM's gradient at batch 64 asked for 25 GiB)."""
-    members = self.members(guard)
-    count = tf.reduce_sum(tf.cast(members, tf.int32))
-    source = _row_sources(members)
-    kernel = self.kernel_of(op, self.static_z)
-    def compute():
-      return list(kernel(self.z, *tf.nest.map_structure(
-          lambda x: tf.gather(x, source), ins))), self.z
-    outs, rows = tf.cond(count > 0, compute, skip)
-    return outs, rows, count
 
   def call_primitive(self, op, guard):
     """The values of another primitive, on every row. It runs on every

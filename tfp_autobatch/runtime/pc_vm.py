@@ -245,20 +245,37 @@ class PcVmRuntime:
       self._gradient = xla_gradient.XlaGradient(self._differentiable())
     return self._gradient.call(vm, args)
 
-  def differentiable_result(self, args, max_steps):
-    """(the VM's result, whether every member halted) for `args`, traced
-    into the current graph as a loop of at most `max_steps` steps, with
-    the kernels traced in place: the form whose gradient XLA compiles
-    (`xla_gradient`, `vectorize.for_xla_gradient`). Members still running
-    at the bound return junk."""
-    with vectorize.for_xla_gradient():
-      layout = self.layout_for(_static_batch_size(args))
-      state = self._initial_state(layout, list(args))
-      nxt, state = self._loop(layout, state, max_steps)
+  # -- what the reverse VM (`reverse_vm`) runs -------------------------------
+
+  def initial_state(self, layout, args):
+    """The loop state holding `args` (see `_initial_state`)."""
+    return self._initial_state(layout, list(args))
+
+  def next_block(self, layout, state):
+    """The block to run next on `state` (the halt label once every
+    member halted)."""
+    return self.schedule.next_block(self._register(layout, state, "pc_top"))
+
+  def result_of(self, layout, state):
+    """The program's result in the loop state `state`."""
     small = self._small(layout, state)
-    return (self._store.value(small["vars"][self.program.result],
-                              self.program.result),
-            nxt >= self.program.halt)
+    return self._store.value(small["vars"][self.program.result],
+                             self.program.result)
+
+  def block_outputs(self, layout, index, state):
+    """`(registers, {stack: StackWrite})` of block `index` (an int, or a
+    tensor: a conditional over every block) run on `state`, in pc:graph's
+    layout (one dispatch of every block, no banks)."""
+    dispatch, = layout.dispatches
+    def run(i):
+      registers, _, packed_writes, _, _ = self._run_block(layout, i, state)
+      return registers, packed_writes
+    if isinstance(index, int):
+      registers, packed_writes = run(index)
+    else:
+      registers, packed_writes = tf.switch_case(
+          index, [functools.partial(run, i) for i in dispatch.blocks])
+    return registers, dispatch.writes.unpack(*packed_writes)
 
   def _without_gradient(self, vm, *args):
     """`vm(*args)` for a VM compiled by XLA, which has no gradient:
@@ -387,10 +404,9 @@ class PcVmRuntime:
             run_counters.ended(state["counters"], small, small["overflow"],
                                faulted))
 
-  def _loop(self, layout, state, max_steps=None):
+  def _loop(self, layout, state):
     """The VM's loop traced from `state`: (the next block, the state)
-    once every member halted, or after `max_steps` steps (one dispatch
-    only)."""
+    once every member halted."""
     halt = self.program.halt
     def next_block(state):
       return self.schedule.next_block(
@@ -404,11 +420,7 @@ class PcVmRuntime:
     start = (next_block(state), state)
     running = _running(halt)
     if len(layout.dispatches) == 1:
-      return tf.while_loop(running, run(layout.dispatches[0]), start,
-                           maximum_iterations=max_steps)
-    if max_steps is not None:
-      raise ValueError("a bound on the steps needs one dispatch (pc:graph's "
-                       "layout)")
+      return tf.while_loop(running, run(layout.dispatches[0]), start)
     # A loop per dispatch, each running its blocks while the next block
     # is one of them, in a loop that runs until every member halts.
     # Each loop applies its own dispatch's bank writes (a scatter in a

@@ -17,17 +17,9 @@ does where it is traced inside a user's `tf.function(jit_compile=True)`
 Under `as_selects()` too, a split, concatenation, reduction or
 cumulative sum or product whose axis is a constant keeps its (shifted)
 axis a constant, where pfor computes it in the graph. XLA needs the axes
-of their gradients at compile time;
-in the VM's loop the computed axis is one more intermediate the loop's
-gradient accumulates, which XLA can no longer read as a constant, and
-`pc:xla`'s gradient (`xla_gradient`) failed to compile.
-
-`as_selects(for_gradient=True)`, for the trace of that gradient, also
-gathers rows of a table all rows share (an embedding) with a dense
-gradient of the table's static shape. TensorFlow's is sparse, with the
-table's shape taken from the table: an output of the VM's conditional's
-gradient that XLA, proving it constant, evaluated (the whole table, on
-the host), which it refuses past a million elements.
+of their gradients at compile time: `pc:xla`'s gradient (`reverse_vm`)
+differentiates the blocks inside its loop, where a computed axis is a
+value XLA cannot read as a constant.
 """
 import contextlib
 
@@ -121,34 +113,6 @@ def _make_axis_op_converter(op, **attrs):
   return make
 
 
-def _gather(params, indices):
-  """`tf.gather(params, indices)` with a dense gradient of `params`'
-  static shape (see the module docstring)."""
-  shape = params.shape.as_list()
-
-  @tf.custom_gradient
-  def gather(table):
-    def gradient(upstream):
-      return tf.math.unsorted_segment_sum(
-          tf.reshape(upstream, [-1] + shape[1:]), tf.reshape(indices, [-1]),
-          shape[0])
-    return tf.gather(table, indices), gradient
-  return gather(params)
-
-
-def _make_gather_converter(pfor_converter):
-  def convert_gather(pfor_input):
-    params, params_stacked, _ = pfor_input.input(0)
-    _, indices_stacked, _ = pfor_input.input(1)
-    if (params_stacked or not indices_stacked
-        or pfor_input.get_attr("batch_dims") != 0
-        or not params.shape.is_fully_defined()
-        or tf.get_static_value(pfor_input.unstacked_input(2)) != 0):
-      return pfor_converter(pfor_input)
-    return _pfor.wrap(_gather(params, pfor_input.stacked_input(1)), True)
-  return convert_gather
-
-
 def _select_converters():
   if _pfor is None:
     return {}
@@ -173,19 +137,12 @@ def _select_converters():
 
 
 _SELECT_CONVERTERS = _select_converters()
-_GRADIENT_CONVERTERS = {} if _pfor is None else {
-    "GatherV2": _make_gather_converter(
-        _pfor._pfor_converter_registry["GatherV2"])}  # pylint: disable=protected-access
-
 
 @contextlib.contextmanager
-def as_selects(for_gradient=False):
+def as_selects():
   """Within it, pfor vectorises per-example conditionals as selects (and
-  keeps constant axes constant; with `for_gradient`, gathers from shared
-  tables too: see the module docstring)."""
+  keeps constant axes constant: see the module docstring)."""
   converters = dict(_SELECT_CONVERTERS)
-  if for_gradient:
-    converters.update(_GRADIENT_CONVERTERS)
   if not converters:
     yield
     return

@@ -22,6 +22,8 @@ and a static slice is a copy, so with `enabled=False` every leaf stays a
 stack of its own and is written as before.
 """
 import collections
+import contextlib
+import contextvars
 
 import numpy as np
 import tensorflow as tf
@@ -73,16 +75,48 @@ def _row_or_skip(write, depth):
                   depth)
 
 
+_ON_READ = contextvars.ContextVar("tfp_autobatch_on_stack_read",
+                                  default=None)
+
+
+@contextlib.contextmanager
+def reads_observed(on_read):
+  """Within it, each `rows_at(stack, sp)` calls `on_read(stack, sp, rows)`
+  with the rows it read, before they are used: the reverse VM
+  (`reverse_vm`) watches them, and sends their adjoints to those rows of
+  the stack's adjoint, rather than differentiating the read (whose
+  gradient would be a dense [D, Z, ...] buffer)."""
+  token = _ON_READ.set(on_read)
+  try:
+    yield
+  finally:
+    _ON_READ.reset(token)
+
+
 def rows_at(stack, sp):
   """`stack[sp[i], i]` for each row i, per leaf."""
   depth = batch_state.size(tf.nest.flatten(stack)[0])
   if _tf_private.in_xla_context():
     # XLA fuses a bank's static slice (`StackBanks.view`) into this gather.
     idx = _row_pairs(tf.clip_by_value(sp, 0, depth - 1))
-    return tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
-  rows = _flat_rows(depth, sp)
-  return tf.nest.map_structure(lambda s: tf.gather(_as_rows(s), rows),
-                               stack)
+    rows = tf.nest.map_structure(lambda s: tf.gather_nd(s, idx), stack)
+  else:
+    flat = _flat_rows(depth, sp)
+    rows = tf.nest.map_structure(lambda s: tf.gather(_as_rows(s), flat),
+                                 stack)
+  on_read = _ON_READ.get()
+  if on_read is not None:
+    on_read(stack, sp, rows)
+  return rows
+
+
+def add_at_rows(stack, sp, values):
+  """`stack` with `values[i]` added to `stack[sp[i], i]` for each row i,
+  per leaf (`sp` clipped into the stack, as `rows_at` reads)."""
+  def leaf(s, v):
+    idx = _row_pairs(tf.clip_by_value(sp, 0, batch_state.size(s) - 1))
+    return tf.tensor_scatter_nd_add(s, idx, v)
+  return tf.nest.map_structure(leaf, stack, values)
 
 
 def apply_stack_write(stack, write, xla=False):

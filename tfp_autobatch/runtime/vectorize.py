@@ -19,14 +19,14 @@ once per primitive this cut the first call of one NUTS step (trace and XLA
 compilation) by a quarter to a third, with the same step times (the first
 call's time, `first_call_sec`, in `python -m benchmarks.nuts_vm_steps`).
 
-Within `for_xla_gradient()`, where `pc:xla`'s gradient (`xla_gradient`)
+Within `for_xla_gradient()`, where `pc:xla`'s gradient (`reverse_vm`)
 traces the VM, a kernel is traced into the graph of each block that calls
 it instead: the gradient of a function call passes the constants its
 backward reads (split axes, shapes) out of the forward function as
-outputs, which in the VM's loop its gradient accumulates, and XLA can
-then no longer read them as constants. (The block runner also runs
-`@batched_primitive`s there on every row: the loop's gradient keeps their
-intermediates in buffers of entries of one static shape.)
+outputs, which XLA then cannot read as constants ("must be a compile-time
+constant"). (The block runner there runs `@batched_primitive`s in
+buckets with a gradient of their own:
+`batched_primitive_calls.on_members_in_buckets_with_vjp`.)
 """
 import collections
 import contextlib
@@ -310,7 +310,7 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False,
     del n
     if not compiled_by_xla:
       return vectorized_map(per_example_fn, ins, op.code)
-    with pfor_conditions.as_selects(for_gradient=_FOR_XLA_GRADIENT.get()):
+    with pfor_conditions.as_selects():
       outs = vectorized_map(per_example_fn, ins, op.code)
     return _computed_once(outs, ins) if inside_xla else outs
   return run_vectorized

@@ -2,31 +2,23 @@
 
 The forward pass is the VM that XLA compiled, as without a tape. The
 backward pass is one more XLA computation, per batch size and step bound:
-it runs the VM again, traced as `pc:graph` traces it (the program without
-`pc:xla`'s floating-point selects, whose gradients would turn an untaken
-arm's NaN into a NaN gradient), under a tape, and differentiates it with
-TensorFlow's own gradients of the VM's `tf.while_loop` and `tf.switch_case`,
-compiled by XLA with the rest.
+the reverse VM (`reverse_vm`) of the program without `pc:xla`'s
+floating-point selects (whose gradients would turn an untaken arm's NaN
+into a NaN gradient), as `pc:graph` traces it. It runs the VM forward
+again, recording each step, then takes the steps back one block at a time.
 
-XLA compiles the gradient of a `tf.while_loop` only with a bound on its
-iterations known at compile time: each intermediate the backward loop
-reads is kept, step by step, in a list of that many entries. The bound is
-the forward run's step count rounded up to a power of two (few bounds, so
-few compilations). The `pc:graph` program may take more steps than
-`pc:xla`'s; a loop that hits the bound before every member halts says so,
-and the backward pass runs again with the bound doubled. The largest
-bound used for a batch size is kept as the next call's least.
-
-The backward traces the VM's kernels in place and its batched primitives'
-calls on every row (`vectorize.for_xla_gradient`), and
-pfor's ops with constant axes with the axes constant (`pfor_conditions`):
-XLA needs those constants and shapes at compile time, which the loop's
-accumulators would hide.
+The record has a fixed number of entries, since XLA needs its shape when
+it compiles: the forward run's step count rounded up to a power of two
+(few bounds, so few compilations). The `pc:graph` program may take more
+steps than `pc:xla`'s; a run that hits the bound before every member
+halts says so, and the backward pass runs again with the bound doubled.
+The largest bound used for a batch size is kept as the next call's least.
 """
 import functools
 
 import tensorflow as tf
 
+from tfp_autobatch.runtime import reverse_vm
 from tfp_autobatch.runtime import run_counters
 from tfp_autobatch.runtime._tf_private import record
 from tfp_autobatch.runtime._tf_private import resource_variable_ops
@@ -49,8 +41,7 @@ class XlaGradient:
 
   Args:
     differentiable: the `pc_vm.PcVmRuntime` (mode "graph") of the program
-      without floating-point selects; its `differentiable_result(args,
-      max_steps)` traces the VM under a step bound.
+      without floating-point selects, which the reverse VM runs.
   """
 
   def __init__(self, differentiable):
@@ -127,16 +118,6 @@ class XlaGradient:
     differentiable = self.differentiable
 
     def backward(inputs, upstream):
-      leaves = tf.nest.flatten(inputs)
-      floats = [x for x in leaves if x.dtype.is_floating]
-      with tf.GradientTape(watch_accessed_variables=False) as tape:
-        tape.watch(floats)
-        tape.watch(variables)
-        result, finished = differentiable.differentiable_result(
-            inputs, bound)
-      sources = floats + variables
-      grads = tape.gradient(
-          tf.nest.flatten(result), sources, output_gradients=upstream,
-          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-      return [tf.convert_to_tensor(g) for g in grads], finished
+      return reverse_vm.ReverseVm(differentiable).gradient(
+          inputs, upstream, variables, bound)
     return backward
