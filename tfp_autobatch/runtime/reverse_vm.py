@@ -23,6 +23,8 @@ its integers and booleans (the pc, counters, indices) carry none. The
 block's tape watches the registers and stacks it reads: a stack's adjoint
 past the rows a step overwrote flows on to the earlier steps unchanged.
 """
+import collections
+
 import tensorflow as tf
 
 from tfp_autobatch.runtime import stack_banks
@@ -35,13 +37,6 @@ def _is_float(x):
 
 def _float_leaves(nest):
   return [x for x in tf.nest.flatten(nest) if _is_float(x)]
-
-
-def _with_float_leaves(nest, floats):
-  """`nest` with its floating-point leaves replaced, in order."""
-  floats = iter(floats)
-  return tf.nest.pack_sequence_as(nest, [
-      next(floats) if _is_float(x) else x for x in tf.nest.flatten(nest)])
 
 
 def _dense(gradient, like):
@@ -60,8 +55,21 @@ class ReverseVm:
       floating-point selects.
   """
 
-  def __init__(self, runtime):
+  def __init__(self, runtime, gathered=None):
     self.runtime = runtime
+    # {variable's position: rows}: the variables whose gradient comes as
+    # rows of a gather (an embedding table's) in every block that reads
+    # them, and the most rows one block's gradient has. Their gradients
+    # leave the conditional over the blocks as those rows, and are added
+    # to the total at their indices; the others' leave it whole. A
+    # conditional's outputs are fixed before its branches are traced, so
+    # what a trace finds goes to `learned`, and a caller whose plan it
+    # changes traces again (`xla_gradient`).
+    self.gathered = dict(gathered or {})
+    self.learned = {}
+    # block -> {(stack, float leaf): reads}, counted as the forward run is
+    # traced (`_counting_reads`).
+    self._reads_per_block = {}
 
   def gradient(self, args, upstream, variables, bound):
     """`(gradients, finished)`: the gradients of the floating-point leaves
@@ -102,6 +110,7 @@ class ReverseVm:
     rt = self.runtime
     registers = tf.nest.flatten(start["registers"])
     names = layout.stacks.names
+    blocks = range(rt.program.halt)
 
     def array(like, dtype=None):
       return tf.TensorArray(dtype or like.dtype, size=bound,
@@ -129,12 +138,11 @@ class ReverseVm:
       record["registers"] = [
           a.write(t, r) for a, r in
           zip(record["registers"], tf.nest.flatten(state["registers"]))]
-      new_registers, writes = rt.block_outputs(layout, nxt, state)
+      new_registers, writes, overwritten = tf.switch_case(nxt, [
+          self._counting_reads(layout, i, state) for i in blocks])
       undo = {}
       for name in names:
-        write = writes[name]
-        old = stack_banks.rows_at(layout.stacks.view(state["stacks"], name),
-                                  write.row)
+        write, old = writes[name], overwritten[name]
         rows, masks, values = record["undo"][name]
         undo[name] = (rows.write(t, write.row), masks.write(t, write.mask),
                       tf.nest.map_structure(lambda a, v: a.write(t, v),
@@ -142,7 +150,7 @@ class ReverseVm:
       record["undo"] = undo
       state = dict(state, registers=new_registers,
                    stacks=layout.stacks.apply(state["stacks"], writes,
-                                              xla=False))
+                                              xla=True))
       return t + 1, rt.next_block(layout, state), state, record
 
     halt = rt.program.halt
@@ -154,6 +162,30 @@ class ReverseVm:
         running, body, (tf.constant(0), rt.next_block(layout, start), start,
                         record))
     return steps, nxt, end, record
+
+  def _counting_reads(self, layout, i, state):
+    """Block i's `block_outputs` on `state` and the stack rows it
+    overwrites, as a conditional's branch, counting the block's reads of each floating-point stack leaf into
+    `_reads_per_block`: the backward step returns an adjoint for each
+    read, in as many slots as the most reads of any block."""
+    def run():
+      leaf_of = _float_stack_leaves(state["stacks"], layout.stacks.names)
+      counts = self._reads_per_block.setdefault(i, collections.Counter())
+      def on_read(stack, sp, rows):
+        del sp
+        for key, _ in _float_reads(stack, rows, leaf_of):
+          counts[key] += 1
+      with stack_banks.reads_observed(on_read):
+        registers, writes = self.runtime.block_outputs(layout, i, state)
+      # The rows the block overwrites, read here: a stack read only
+      # inside the conditional, then written in place after it, as the VM
+      # does (`pc_vm`); read outside as well, XLA copied it at every step.
+      overwritten = {
+          name: stack_banks.rows_at(
+              layout.stacks.view(state["stacks"], name), write.row)
+          for name, write in writes.items()}
+      return registers, writes, overwritten
+    return run
 
   def _result_adjoint(self, layout, end, upstream):
     """The adjoint of the end state's differentiable leaves."""
@@ -169,106 +201,180 @@ class ReverseVm:
 
   def _backward(self, layout, start, end, record, steps, adjoint, variables):
     """The adjoint of `start`'s differentiable leaves and the variables'
-    gradients, from the end state's `adjoint`."""
+    gradients, from the end state's `adjoint`.
+
+    The stacks' adjoints ([D, Z, ...] each) stay out of the conditional
+    over the blocks, which would copy each one it returns at every step:
+    the rows a step overwrote are read and cleared before it, from the
+    record, and the rows its block read get the reads' adjoints after it,
+    which the block returns in a fixed number of slots per stack leaf."""
     rt = self.runtime
     names = layout.stacks.names
     blocks = range(rt.program.halt)
     register_structure = start["registers"]
+    slots = collections.Counter()
+    for counts in self._reads_per_block.values():
+      for key, n in counts.items():
+        slots[key] = max(slots[key], n)
+    slots = sorted(slots.items())
+    num_registers = len(_float_leaves(end["registers"]))
+    adjoint_registers = adjoint[:num_registers]
+    adjoint_stacks = {}
+    position = num_registers
+    for name in names:
+      n = len(_float_leaves(end["stacks"][name]))
+      adjoint_stacks[name] = adjoint[position:position + n]
+      position += n
 
-    def step_adjoint(i, state, adjoint, totals):
-      """Block i's step taken back: its before-state's adjoint."""
+    def step_adjoint(i, state, adjoint_registers, written):
+      """Block i's step taken back: the adjoints of the registers before
+      it, of the rows it read (`slots`) and of the variables; `written`
+      holds, per stack, the adjoints of the values the block wrote."""
       sources = _float_leaves(state["registers"])
-      adjoint_after = _with_float_leaves(self._differentiable(state),
-                                         adjoint)
-      leaf_of = {id(leaf): (name, j) for name in names for j, leaf in
-                 enumerate(tf.nest.flatten(state["stacks"][name]))}
-      reads = []   # (stack, leaf, rows read, the rows' values)
+      leaf_of = _float_stack_leaves(state["stacks"], names)
+      reads = []   # ((stack, float leaf), rows read, the rows' values)
       with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(sources)
         tape.watch(variables)
         def on_read(stack, sp, rows):
-          for leaf, values in zip(tf.nest.flatten(stack),
-                                  tf.nest.flatten(rows)):
-            if _is_float(values) and id(leaf) in leaf_of:
-              tape.watch(values)
-              reads.append(leaf_of[id(leaf)] + (sp, values))
+          for key, values in _float_reads(stack, rows, leaf_of):
+            tape.watch(values)
+            reads.append((key, sp, values))
         with stack_banks.reads_observed(on_read):
           registers, writes = rt.block_outputs(layout, i, state)
       targets = _float_leaves(registers)
-      target_grads = _float_leaves(adjoint_after["registers"])
-      pushed = [name for name in names if name in layout.pushed[i]]
-      for name in pushed:
-        write = writes[name]
-        targets += _float_leaves(write.value)
-        target_grads += [
-            tf.where(_expand(write.mask, g), g, tf.zeros_like(g))
-            for g in _float_leaves(stack_banks.rows_at(
-                adjoint_after["stacks"][name], write.row))]
-      read_values = [values for _, _, _, values in reads]
-      grads = tape.gradient(
-          targets, sources + read_values + list(variables),
-          output_gradients=target_grads,
-          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-      register_grads = grads[:len(sources)]
-      read_grads = grads[len(sources):len(sources) + len(reads)]
-      variable_grads = grads[len(sources) + len(reads):]
-      # The stack rows the block overwrote: their adjoint went to the
-      # values written. The rows it read get the reads' adjoints.
-      stacks = {}
+      target_grads = list(adjoint_registers)
       for name in names:
-        stack = adjoint_after["stacks"][name]
-        if name in pushed:
-          write = writes[name]
-          stack = stack_banks.apply_stack_write(stack, write._replace(
-              value=tf.nest.map_structure(lambda x: tf.zeros_like(x[0]),
-                                          stack)))
-        leaves = tf.nest.flatten(stack)
-        for (read_name, j, sp, _), g in zip(reads, read_grads):
-          if read_name == name:
-            leaves[j] = stack_banks.add_at_rows(leaves[j], sp, _dense(g, leaves[j][0]))
-        stacks[name] = tf.nest.pack_sequence_as(stack, leaves)
-      before = {"registers": _with_float_leaves(
-          state["registers"],
-          [_dense(g, s) for g, s in zip(register_grads, sources)]),
-                "stacks": stacks}
-      return _float_leaves(before), [
-          _dense(g, v) for g, v in zip(variable_grads, variables)]
+        if name in layout.pushed[i]:
+          targets += _float_leaves(writes[name].value)
+          target_grads += written[name]
+      grads = tape.gradient(
+          targets, sources + [r[2] for r in reads] + list(variables),
+          output_gradients=target_grads)
+      register_grads = [_dense(g, x) for g, x in
+                        zip(grads[:len(sources)], sources)]
+      read_grads = grads[len(sources):len(sources) + len(reads)]
+      variable_grads = [
+          self._contribution(k, g, v) for k, (g, v) in
+          enumerate(zip(grads[len(sources) + len(reads):], variables))]
+      filled = []
+      for key, n in slots:
+        mine = [(sp, _dense(g, values)) for (k, sp, values), g in
+                zip(reads, read_grads) if k == key]
+        if len(mine) > n:
+          raise ValueError(f"block {i} reads stack leaf {key} {len(mine)} "
+                           f"times, more than the {n} counted")
+        like = adjoint_stacks[key[0]][key[1]][0]
+        mine += [(tf.zeros(like.shape[:1], tf.int32), tf.zeros_like(like))
+                 ] * (n - len(mine))
+        filled.append(mine)
+      return register_grads, filled, variable_grads
 
-    def body(t, stacks, adjoint, totals):
+    def body(t, stacks, adjoint_registers, adjoint_stacks, totals):
       t = t - 1
       i = record["block"].read(t)
+      stacks = dict(stacks)
+      adjoint_stacks = dict(adjoint_stacks)
+      written = {}
       for name in names:
         rows, masks, values = record["undo"][name]
-        stacks = dict(stacks)
+        row, mask = rows.read(t), masks.read(t)
         stacks[name] = stack_banks.apply_stack_write(
             stacks[name], stack_banks.StackWrite(
-                rows.read(t), tf.nest.map_structure(lambda a: a.read(t),
-                                                    values),
-                masks.read(t)))
+                row, tf.nest.map_structure(lambda a: a.read(t), values),
+                mask), xla=True)
+        # The rows the step overwrote: their adjoint goes to the values
+        # written, and none is left for what they held before.
+        leaves = adjoint_stacks[name]
+        if not leaves:
+          written[name] = []
+          continue
+        written[name] = [
+            tf.where(_expand(mask, g), g, tf.zeros_like(g))
+            for g in stack_banks.rows_at(leaves, row)]
+        adjoint_stacks[name] = stack_banks.apply_stack_write(
+            leaves, stack_banks.StackWrite(
+                row, [tf.zeros_like(x[0]) for x in leaves], mask), xla=True)
       state = dict(
           end, stacks=stacks,
           registers=tf.nest.pack_sequence_as(
               register_structure, [a.read(t) for a in record["registers"]]))
-      adjoint, grads = tf.switch_case(i, [
-          (lambda i=i: step_adjoint(i, state, adjoint, totals))
+      adjoint_registers, filled, grads = tf.switch_case(i, [
+          (lambda i=i: step_adjoint(i, state, adjoint_registers, written))
           for i in blocks])
-      totals = [t + g for t, g in zip(totals, grads)]
-      return t, stacks, adjoint, totals
+      for ((name, j), _), entries in zip(slots, filled):
+        leaves = list(adjoint_stacks[name])
+        for sp, g in entries:
+          leaves[j] = stack_banks.add_at_rows(leaves[j], sp, g)
+        adjoint_stacks[name] = leaves
+      totals = [_added(total, g) for total, g in zip(totals, grads)]
+      return t, stacks, adjoint_registers, adjoint_stacks, totals
 
     totals = [tf.zeros_like(v) for v in variables]
-    _, _, adjoint, totals = tf.while_loop(
+    _, _, adjoint_registers, adjoint_stacks, totals = tf.while_loop(
         lambda t, *_: t > 0, body,
-        (steps, end["stacks"], adjoint, totals))
-    return adjoint, totals
+        (steps, end["stacks"], adjoint_registers, adjoint_stacks, totals))
+    return adjoint_registers + [
+        g for name in names for g in adjoint_stacks[name]], totals
+
+  def _contribution(self, position, gradient, variable):
+    """A block's gradient of the variable at `position`, as the
+    conditional over the blocks returns it: `(indices, rows)`, padded to
+    the planned rows with indices past the table (which XLA's scatter
+    skips), for a gathered variable (`gathered`), else dense."""
+    rows = self.gathered.get(position)
+    if isinstance(gradient, tf.IndexedSlices):
+      found = gradient.values.shape[0]
+      if self.learned.get(position, 0) is not DENSE:
+        self.learned[position] = max(self.learned.get(position, 0), found)
+    elif gradient is not None:
+      self.learned[position] = DENSE
+    if rows is None:
+      return _dense(gradient, variable)
+    past = variable.shape[0]
+    if isinstance(gradient, tf.IndexedSlices) and found <= rows:
+      indices = tf.cast(gradient.indices, tf.int32)
+      values = gradient.values
+      if found < rows:
+        indices = tf.concat([indices, tf.fill([rows - found], past)], 0)
+        values = tf.concat([values, tf.zeros(
+            [rows - found] + variable.shape[1:].as_list(), values.dtype)], 0)
+      return indices, values
+    # No gradient here; or one the plan did not foresee, which this trace
+    # (then traced again) returns as nothing.
+    return (tf.fill([rows], past),
+            tf.zeros([rows] + variable.shape[1:].as_list(), variable.dtype))
+
+
+# A variable whose gradient is dense in some block (`ReverseVm.gathered`).
+DENSE = "dense"
 
 
 def _added(total, gradient):
-  """`total + gradient`; a sparse gradient (a table's rows read by a
-  gather) is added at its rows, in place under XLA."""
-  if isinstance(gradient, tf.IndexedSlices):
-    return tf.tensor_scatter_nd_add(total, gradient.indices[:, None],
-                                    gradient.values)
+  """`total` plus one step's gradient: dense, or rows at their indices
+  (`ReverseVm._contribution`), added in place under XLA."""
+  if isinstance(gradient, tuple):
+    indices, values = gradient
+    return tf.tensor_scatter_nd_add(total, indices[:, None], values)
   return total + gradient
+
+
+def _float_stack_leaves(stacks, names):
+  """{id of a stack's floating-point leaf: (stack, its place among the
+  stack's floating-point leaves)}."""
+  out = {}
+  for name in names:
+    floats = _float_leaves(stacks[name])
+    for j, leaf in enumerate(floats):
+      out[id(leaf)] = (name, j)
+  return out
+
+
+def _float_reads(stack, rows, leaf_of):
+  """`[((stack, float leaf), values)]` of a read of `stack`'s `rows`."""
+  return [(leaf_of[id(leaf)], values) for leaf, values in
+          zip(tf.nest.flatten(stack), tf.nest.flatten(rows))
+          if _is_float(values) and id(leaf) in leaf_of]
 
 
 def _expand(mask, like):

@@ -47,6 +47,9 @@ class XlaGradient:
   def __init__(self, differentiable):
     self.differentiable = differentiable
     self._backward = {}   # (batch size, bound, variables) -> tf.function
+    # (batch size, variables) -> the reverse VM's plan of the variables
+    # gathered (`reverse_vm.ReverseVm.gathered`).
+    self._gathered = {}
     self._least_bound = {}   # batch size -> largest bound used
 
   def call(self, vm, args):
@@ -86,8 +89,8 @@ class XlaGradient:
     bound = step_bound(steps, self._least_bound.get(size, 0))
     while True:
       # Traced first: `stop_recording` would stop the trace's own tape.
-      backward = self._backward_for(size, bound, variables
-                                    ).get_concrete_function(inputs, upstream)
+      backward = self._traced_backward(size, bound, variables, inputs,
+                                       upstream)
       # Not recorded by a tape around the gradient's computation: the
       # backward pass has no gradient of its own (no second derivatives
       # through pc:xla), and a recorded call would build one at once.
@@ -103,21 +106,37 @@ class XlaGradient:
       input_grads[i] = g
     return input_grads, list(grads[len(floats):])
 
-  def _backward_for(self, size, bound, variables):
-    key = (size, bound, tuple(v.ref() for v in variables))
-    backward = self._backward.get(key)
-    if backward is None:
-      # A partial, as for the VM (`pc_vm.PcVmRuntime.compiled_for`): TF's
-      # retracing detector would count every backward as one function.
-      backward = self._backward[key] = tf.function(
-          functools.partial(self._backward_fn(bound, variables)),
-          jit_compile=True, autograph=False)
-    return backward
+  def _traced_backward(self, size, bound, variables, inputs, upstream):
+    """The backward pass's concrete function. Traced again where its
+    trace found variables gathered (an embedding's rows) that the plan
+    it was traced with did not have (`reverse_vm.ReverseVm.gathered`),
+    or a planned one read whole: at most once more per change."""
+    variables_key = tuple(v.ref() for v in variables)
+    key = (size, bound, variables_key)
+    plan_key = (size, variables_key)
+    while True:
+      backward = self._backward.get(key)
+      if backward is None:
+        plan = self._gathered.setdefault(plan_key, {})
+        reverse = reverse_vm.ReverseVm(self.differentiable, plan)
+        # A partial, as for the VM (`pc_vm.PcVmRuntime.compiled_for`):
+        # TF's retracing detector would count every backward as one
+        # function.
+        backward = self._backward[key] = tf.function(
+            functools.partial(self._backward_fn(reverse, bound, variables)),
+            jit_compile=True, autograph=False)
+        concrete = backward.get_concrete_function(inputs, upstream)
+        learned = {k: n for k, n in reverse.learned.items()
+                   if n is not reverse_vm.DENSE}
+        if learned != plan:
+          self._gathered[plan_key] = learned
+          del self._backward[key]
+          continue
+        return concrete
+      return backward.get_concrete_function(inputs, upstream)
 
-  def _backward_fn(self, bound, variables):
-    differentiable = self.differentiable
-
+  @staticmethod
+  def _backward_fn(reverse, bound, variables):
     def backward(inputs, upstream):
-      return reverse_vm.ReverseVm(differentiable).gradient(
-          inputs, upstream, variables, bound)
+      return reverse.gradient(inputs, upstream, variables, bound)
     return backward
