@@ -113,3 +113,33 @@ def test_a_batched_primitive_in_buckets_has_the_members_gradient(
   assert int(count) == n
   # The members alone, gathered into the smallest bucket that holds them.
   assert int(rows) == {3 * 2: 8, 16: 16, 0: 0}[n]
+
+
+TABLE = tf.Variable(np.random.default_rng(5).normal(size=(50, 3)))
+
+
+@tab.batch
+def walk(words, n):
+  # Reads rows of TABLE (an embedding) along a recursion.
+  if n == 0:
+    return tf.zeros([3], tf.float64)
+  return tf.tanh(tf.gather(tf.convert_to_tensor(TABLE), words[n])
+                 + walk(words, n - 1))
+
+
+def test_an_embeddings_gradient_leaves_each_step_as_its_rows():
+  words = tf.constant(np.random.default_rng(6).integers(0, 50, (6, 5)),
+                      tf.int32)
+  lengths = tf.constant([0, 4, 2, 3, 1, 4], tf.int32)
+  grads = {}
+  for backend in ("pc:graph", "pc:xla"):
+    with tf.GradientTape() as tape:
+      total = tf.reduce_sum(
+          walk(words, lengths, backend=backend) * [1., 2., 3.])
+    grads[backend] = tf.convert_to_tensor(tape.gradient(total, TABLE))
+  np.testing.assert_allclose(grads["pc:xla"], grads["pc:graph"], rtol=1e-10)
+  # The plan the backward pass was traced with has the table gathered:
+  # its rows, not the whole table, leave the conditional at each step.
+  runtime = pipeline.runtime(walk, walk._last_types, "pc:xla")  # pylint: disable=protected-access
+  plans = list(runtime._gradient._gathered.values())  # pylint: disable=protected-access
+  assert plans and all(plan["gathered"] for plan in plans)

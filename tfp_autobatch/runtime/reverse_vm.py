@@ -3,25 +3,25 @@ in reverse, each differentiated alone.
 
 `pc:xla`'s backward pass (`xla_gradient`) runs the VM forward again, as
 `pc:graph` traces it, for at most a bound of steps, and records what each
-step needs to be undone: the block it ran, the registers it started from,
-and the stack rows it overwrote. A second loop then walks the steps
-backwards. At each it restores the state the step started from (registers
-from the record, stacks by writing back the overwritten rows) and runs the
-step's block once more under a tape of its own, which turns the adjoint of
-the state after the block into the adjoint of the state before it, and
-adds the block's share of each variable's gradient.
+step's block needs to run again: its index, the registers it started
+from, the stack rows it read, and the rows it wrote. A second loop then
+walks the steps backwards. At each it runs the step's block once more, on
+the recorded registers and rows, under a tape of its own, which turns the
+adjoint of the state after the block into the adjoint of the state before
+it, and adds the block's share of each variable's gradient.
 
 Differentiating the VM's `tf.while_loop` and `tf.switch_case` with
 TensorFlow's own gradients instead keeps, at every step, the intermediates
 of every block (zeros for the blocks that did not run), and reads them all
 back: a TreeLSTM step's gradient cost about fifteen times its forward
-call. Here a step keeps only its registers and overwritten stack rows, and
-the backward step runs one block's forward and backward.
+call. Here a step keeps only its registers and stack rows, and the
+backward step runs one block's forward and backward.
 
 The state's floating-point leaves (registers and stacks) carry adjoints;
-its integers and booleans (the pc, counters, indices) carry none. The
-block's tape watches the registers and stacks it reads: a stack's adjoint
-past the rows a step overwrote flows on to the earlier steps unchanged.
+its integers and booleans (the pc, counters, indices) carry none. A
+stack's adjoint is kept whole ([D, Z, ...]): the rows a step wrote pass
+their adjoint to the values written, the rows its block read get the
+reads' adjoints, and the other rows' flow on to the earlier steps.
 """
 import collections
 
@@ -50,26 +50,39 @@ class ReverseVm:
   run on a batch, traced into the current graph (see the module
   docstring).
 
+  A conditional's outputs are fixed before its branches are traced, so
+  two shapes of the record and of the backward step's outputs follow a
+  plan, `{"gathered": ..., "reads": ...}`, of what the blocks do, which
+  the caller keeps (`xla_gradient`); what a trace finds goes to
+  `learned`, and a caller whose plan that changes traces again:
+
+  - "gathered", {variable's position: rows}: the variables whose gradient
+    comes as rows of a gather (an embedding table's) in every block that
+    reads them, and the most rows one block's gradient has. Their
+    gradients leave the conditional over the blocks as those rows, and
+    are added to the total at their indices; the others' leave it whole.
+  - "reads", {(stack, leaf): slots}: the most reads of a stack's leaf by
+    one block, where more than one (one slot by default).
+
   Args:
     runtime: the `pc_vm.PcVmRuntime` of the program without
       floating-point selects.
+    plan: the plan described above (None: an empty one).
   """
 
-  def __init__(self, runtime, gathered=None):
+  def __init__(self, runtime, plan=None):
     self.runtime = runtime
-    # {variable's position: rows}: the variables whose gradient comes as
-    # rows of a gather (an embedding table's) in every block that reads
-    # them, and the most rows one block's gradient has. Their gradients
-    # leave the conditional over the blocks as those rows, and are added
-    # to the total at their indices; the others' leave it whole. A
-    # conditional's outputs are fixed before its branches are traced, so
-    # what a trace finds goes to `learned`, and a caller whose plan it
-    # changes traces again (`xla_gradient`).
-    self.gathered = dict(gathered or {})
-    self.learned = {}
-    # block -> {(stack, float leaf): reads}, counted as the forward run is
-    # traced (`_counting_reads`).
-    self._reads_per_block = {}
+    plan = plan or {}
+    self.gathered = dict(plan.get("gathered", {}))
+    self.read_slots = dict(plan.get("reads", {}))
+    self.learned = {"gathered": {}, "reads": {}}
+
+  def plan_learned(self):
+    """The plan this trace found (see the class docstring)."""
+    return {"gathered": {k: n for k, n in self.learned["gathered"].items()
+                         if n is not DENSE},
+            "reads": {k: n for k, n in self.learned["reads"].items()
+                      if n > 1}}
 
   def gradient(self, args, upstream, variables, bound):
     """`(gradients, finished)`: the gradients of the floating-point leaves
@@ -104,32 +117,32 @@ class ReverseVm:
     """The part of the loop state that carries adjoints."""
     return {"registers": state["registers"], "stacks": state["stacks"]}
 
+  def _slots(self, key):
+    return self.read_slots.get(key, 1)
+
   def _forward(self, layout, start, bound):
     """The VM run from `start` for at most `bound` steps, recording each
     step: `(steps, the next block, the end state, record)`."""
     rt = self.runtime
-    registers = tf.nest.flatten(start["registers"])
     names = layout.stacks.names
     blocks = range(rt.program.halt)
+    z = layout.batch_size
+    stack_leaves = {name: tf.nest.flatten(start["stacks"][name])
+                    for name in names}
 
-    def array(like, dtype=None):
-      return tf.TensorArray(dtype or like.dtype, size=bound,
-                            element_shape=like.shape)
-
-    def undo_arrays():
-      """Per stack: the rows each step wrote, its mask, the old values."""
-      z = layout.batch_size
-      return {name: (
-          tf.TensorArray(tf.int32, size=bound, element_shape=[z]),
-          tf.TensorArray(tf.bool, size=bound, element_shape=[z]),
-          tf.nest.map_structure(lambda s: array(s[0]),
-                                layout.stacks.view(start["stacks"], name)))
-              for name in names}
+    def array(shape, dtype):
+      return tf.TensorArray(dtype, size=bound, element_shape=shape)
 
     record = {
-        "block": tf.TensorArray(tf.int32, size=bound, element_shape=[]),
-        "registers": [array(r) for r in registers],
-        "undo": undo_arrays(),
+        "block": array([], tf.int32),
+        "registers": [array(r.shape, r.dtype)
+                      for r in tf.nest.flatten(start["registers"])],
+        "written": {name: (array([z], tf.int32), array([z], tf.bool))
+                    for name in names},
+        "reads": {(name, j): [array(leaf.shape[1:], leaf.dtype)
+                              for _ in range(self._slots((name, j)))]
+                  for name in names
+                  for j, leaf in enumerate(stack_leaves[name])},
     }
 
     def body(t, nxt, state, record):
@@ -138,16 +151,15 @@ class ReverseVm:
       record["registers"] = [
           a.write(t, r) for a, r in
           zip(record["registers"], tf.nest.flatten(state["registers"]))]
-      new_registers, writes, overwritten = tf.switch_case(nxt, [
-          self._counting_reads(layout, i, state) for i in blocks])
-      undo = {}
-      for name in names:
-        write, old = writes[name], overwritten[name]
-        rows, masks, values = record["undo"][name]
-        undo[name] = (rows.write(t, write.row), masks.write(t, write.mask),
-                      tf.nest.map_structure(lambda a, v: a.write(t, v),
-                                            values, old))
-      record["undo"] = undo
+      new_registers, writes, reads = tf.switch_case(nxt, [
+          self._recording(layout, i, state) for i in blocks])
+      record["written"] = {
+          name: (rows.write(t, writes[name].row),
+                 masks.write(t, writes[name].mask))
+          for name, (rows, masks) in record["written"].items()}
+      record["reads"] = {
+          key: [a.write(t, v) for a, v in zip(arrays, reads[key])]
+          for key, arrays in record["reads"].items()}
       state = dict(state, registers=new_registers,
                    stacks=layout.stacks.apply(state["stacks"], writes,
                                               xla=True))
@@ -163,28 +175,32 @@ class ReverseVm:
                         record))
     return steps, nxt, end, record
 
-  def _counting_reads(self, layout, i, state):
-    """Block i's `block_outputs` on `state` and the stack rows it
-    overwrites, as a conditional's branch, counting the block's reads of each floating-point stack leaf into
-    `_reads_per_block`: the backward step returns an adjoint for each
-    read, in as many slots as the most reads of any block."""
+  def _recording(self, layout, i, state):
+    """Block i's `block_outputs` on `state` and the stack rows it read,
+    `{(stack, leaf): [rows, ...]}` in the plan's slots (zeros past its
+    reads), as a conditional's branch: the backward step runs the block
+    again on these rows, and needs no stacks."""
     def run():
-      leaf_of = _float_stack_leaves(state["stacks"], layout.stacks.names)
-      counts = self._reads_per_block.setdefault(i, collections.Counter())
+      leaf_of = _stack_leaves(state["stacks"], layout.stacks.names)
+      found = collections.defaultdict(list)
       def on_read(stack, sp, rows):
         del sp
-        for key, _ in _float_reads(stack, rows, leaf_of):
-          counts[key] += 1
+        for leaf, values in zip(tf.nest.flatten(stack),
+                                tf.nest.flatten(rows)):
+          if id(leaf) in leaf_of:
+            found[leaf_of[id(leaf)]].append(values)
       with stack_banks.reads_observed(on_read):
         registers, writes = self.runtime.block_outputs(layout, i, state)
-      # The rows the block overwrites, read here: a stack read only
-      # inside the conditional, then written in place after it, as the VM
-      # does (`pc_vm`); read outside as well, XLA copied it at every step.
-      overwritten = {
-          name: stack_banks.rows_at(
-              layout.stacks.view(state["stacks"], name), write.row)
-          for name, write in writes.items()}
-      return registers, writes, overwritten
+      reads = {}
+      for name in layout.stacks.names:
+        for j, leaf in enumerate(tf.nest.flatten(state["stacks"][name])):
+          key = (name, j)
+          values = found.get(key, [])
+          learned = self.learned["reads"]
+          learned[key] = max(learned.get(key, 0), len(values))
+          n = self._slots(key)
+          reads[key] = (values + [tf.zeros_like(leaf[0])] * n)[:n]
+      return registers, writes, reads
     return run
 
   def _result_adjoint(self, layout, end, upstream):
@@ -203,20 +219,26 @@ class ReverseVm:
     """The adjoint of `start`'s differentiable leaves and the variables'
     gradients, from the end state's `adjoint`.
 
-    The stacks' adjoints ([D, Z, ...] each) stay out of the conditional
-    over the blocks, which would copy each one it returns at every step:
-    the rows a step overwrote are read and cleared before it, from the
-    record, and the rows its block read get the reads' adjoints after it,
-    which the block returns in a fixed number of slots per stack leaf."""
+    The backward step runs its block on the registers it started from
+    and on the stack rows it read, both from the record: the stacks
+    themselves are not needed. Their adjoints ([D, Z, ...] each) stay out
+    of the conditional over the blocks, which would copy each one it
+    returns at every step: the rows a step overwrote are read and cleared
+    before it, and the rows its block read get the reads' adjoints after
+    it, which the block returns in the plan's slots."""
     rt = self.runtime
     names = layout.stacks.names
     blocks = range(rt.program.halt)
     register_structure = start["registers"]
-    slots = collections.Counter()
-    for counts in self._reads_per_block.values():
-      for key, n in counts.items():
-        slots[key] = max(slots[key], n)
-    slots = sorted(slots.items())
+    stack_leaves = {name: tf.nest.flatten(end["stacks"][name])
+                    for name in names}
+    # (stack, leaf) -> its place among the stack's floating-point leaves.
+    float_place = {}
+    for name in names:
+      floats = [j for j, leaf in enumerate(stack_leaves[name])
+                if _is_float(leaf)]
+      float_place.update({(name, j): f for f, j in enumerate(floats)})
+    float_keys = sorted(float_place)
     num_registers = len(_float_leaves(end["registers"]))
     adjoint_registers = adjoint[:num_registers]
     adjoint_stacks = {}
@@ -226,20 +248,35 @@ class ReverseVm:
       adjoint_stacks[name] = adjoint[position:position + n]
       position += n
 
-    def step_adjoint(i, state, adjoint_registers, written):
+    def step_adjoint(i, state, adjoint_registers, written, recorded):
       """Block i's step taken back: the adjoints of the registers before
-      it, of the rows it read (`slots`) and of the variables; `written`
-      holds, per stack, the adjoints of the values the block wrote."""
+      it, of the rows it read (in the plan's slots) and of the variables;
+      `written` holds, per stack, the adjoints of the values the block
+      wrote, `recorded` the rows it read."""
       sources = _float_leaves(state["registers"])
-      leaf_of = _float_stack_leaves(state["stacks"], names)
-      reads = []   # ((stack, float leaf), rows read, the rows' values)
+      leaf_of = _stack_leaves(state["stacks"], names)
+      taken = collections.Counter()
+      reads = []   # ((stack, leaf), rows read, the rows' values)
       with tf.GradientTape(watch_accessed_variables=False) as tape:
         tape.watch(sources)
         tape.watch(variables)
         def on_read(stack, sp, rows):
-          for key, values in _float_reads(stack, rows, leaf_of):
-            tape.watch(values)
-            reads.append((key, sp, values))
+          replaced = []
+          for leaf, values in zip(tf.nest.flatten(stack),
+                                  tf.nest.flatten(rows)):
+            key = leaf_of.get(id(leaf))
+            if key is None:
+              replaced.append(values)
+              continue
+            slot = taken[key]
+            taken[key] += 1
+            if slot < len(recorded[key]):
+              values = recorded[key][slot]
+            if _is_float(values):
+              tape.watch(values)
+              reads.append((key, sp, values))
+            replaced.append(values)
+          return tf.nest.pack_sequence_as(rows, replaced)
         with stack_banks.reads_observed(on_read):
           registers, writes = rt.block_outputs(layout, i, state)
       targets = _float_leaves(registers)
@@ -258,31 +295,24 @@ class ReverseVm:
           self._contribution(k, g, v) for k, (g, v) in
           enumerate(zip(grads[len(sources) + len(reads):], variables))]
       filled = []
-      for key, n in slots:
+      for key in float_keys:
+        n = self._slots(key)
         mine = [(sp, _dense(g, values)) for (k, sp, values), g in
-                zip(reads, read_grads) if k == key]
-        if len(mine) > n:
-          raise ValueError(f"block {i} reads stack leaf {key} {len(mine)} "
-                           f"times, more than the {n} counted")
-        like = adjoint_stacks[key[0]][key[1]][0]
+                zip(reads, read_grads) if k == key][:n]
+        like = stack_leaves[key[0]][key[1]][0]
         mine += [(tf.zeros(like.shape[:1], tf.int32), tf.zeros_like(like))
                  ] * (n - len(mine))
         filled.append(mine)
       return register_grads, filled, variable_grads
 
-    def body(t, stacks, adjoint_registers, adjoint_stacks, totals):
+    def body(t, adjoint_registers, adjoint_stacks, totals):
       t = t - 1
       i = record["block"].read(t)
-      stacks = dict(stacks)
       adjoint_stacks = dict(adjoint_stacks)
       written = {}
       for name in names:
-        rows, masks, values = record["undo"][name]
+        rows, masks = record["written"][name]
         row, mask = rows.read(t), masks.read(t)
-        stacks[name] = stack_banks.apply_stack_write(
-            stacks[name], stack_banks.StackWrite(
-                row, tf.nest.map_structure(lambda a: a.read(t), values),
-                mask), xla=True)
         # The rows the step overwrote: their adjoint goes to the values
         # written, and none is left for what they held before.
         leaves = adjoint_stacks[name]
@@ -292,28 +322,35 @@ class ReverseVm:
         written[name] = [
             tf.where(_expand(mask, g), g, tf.zeros_like(g))
             for g in stack_banks.rows_at(leaves, row)]
-        adjoint_stacks[name] = stack_banks.apply_stack_write(
-            leaves, stack_banks.StackWrite(
-                row, [tf.zeros_like(x[0]) for x in leaves], mask), xla=True)
+        # Cleared by adding their negation (x - x is exactly 0): a scatter
+        # of values read from the buffer it updates, which XLA then
+        # updates in place; a scatter of zeros, not ordered after that
+        # read, made XLA copy the buffer twice a step.
+        adjoint_stacks[name] = [
+            stack_banks.add_at_rows(leaf, row, -w)
+            for leaf, w in zip(leaves, written[name])]
+      recorded = {key: [a.read(t) for a in arrays]
+                  for key, arrays in record["reads"].items()}
       state = dict(
-          end, stacks=stacks,
-          registers=tf.nest.pack_sequence_as(
+          end, registers=tf.nest.pack_sequence_as(
               register_structure, [a.read(t) for a in record["registers"]]))
       adjoint_registers, filled, grads = tf.switch_case(i, [
-          (lambda i=i: step_adjoint(i, state, adjoint_registers, written))
+          (lambda i=i: step_adjoint(i, state, adjoint_registers, written,
+                                    recorded))
           for i in blocks])
-      for ((name, j), _), entries in zip(slots, filled):
+      for key, entries in zip(float_keys, filled):
+        name, f = key[0], float_place[key]
         leaves = list(adjoint_stacks[name])
         for sp, g in entries:
-          leaves[j] = stack_banks.add_at_rows(leaves[j], sp, g)
+          leaves[f] = stack_banks.add_at_rows(leaves[f], sp, g)
         adjoint_stacks[name] = leaves
       totals = [_added(total, g) for total, g in zip(totals, grads)]
-      return t, stacks, adjoint_registers, adjoint_stacks, totals
+      return t, adjoint_registers, adjoint_stacks, totals
 
     totals = [tf.zeros_like(v) for v in variables]
-    _, _, adjoint_registers, adjoint_stacks, totals = tf.while_loop(
+    _, adjoint_registers, adjoint_stacks, totals = tf.while_loop(
         lambda t, *_: t > 0, body,
-        (steps, end["stacks"], adjoint_registers, adjoint_stacks, totals))
+        (steps, adjoint_registers, adjoint_stacks, totals))
     return adjoint_registers + [
         g for name in names for g in adjoint_stacks[name]], totals
 
@@ -323,12 +360,13 @@ class ReverseVm:
     the planned rows with indices past the table (which XLA's scatter
     skips), for a gathered variable (`gathered`), else dense."""
     rows = self.gathered.get(position)
+    learned = self.learned["gathered"]
     if isinstance(gradient, tf.IndexedSlices):
       found = gradient.values.shape[0]
-      if self.learned.get(position, 0) is not DENSE:
-        self.learned[position] = max(self.learned.get(position, 0), found)
+      if learned.get(position, 0) is not DENSE:
+        learned[position] = max(learned.get(position, 0), found)
     elif gradient is not None:
-      self.learned[position] = DENSE
+      learned[position] = DENSE
     if rows is None:
       return _dense(gradient, variable)
     past = variable.shape[0]
@@ -359,22 +397,10 @@ def _added(total, gradient):
   return total + gradient
 
 
-def _float_stack_leaves(stacks, names):
-  """{id of a stack's floating-point leaf: (stack, its place among the
-  stack's floating-point leaves)}."""
-  out = {}
-  for name in names:
-    floats = _float_leaves(stacks[name])
-    for j, leaf in enumerate(floats):
-      out[id(leaf)] = (name, j)
-  return out
-
-
-def _float_reads(stack, rows, leaf_of):
-  """`[((stack, float leaf), values)]` of a read of `stack`'s `rows`."""
-  return [(leaf_of[id(leaf)], values) for leaf, values in
-          zip(tf.nest.flatten(stack), tf.nest.flatten(rows))
-          if _is_float(values) and id(leaf) in leaf_of]
+def _stack_leaves(stacks, names):
+  """{id of a stack's leaf: (stack, the leaf's place in it)}."""
+  return {id(leaf): (name, j) for name in names
+          for j, leaf in enumerate(tf.nest.flatten(stacks[name]))}
 
 
 def _expand(mask, like):

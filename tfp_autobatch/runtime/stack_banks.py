@@ -82,9 +82,11 @@ _ON_READ = contextvars.ContextVar("tfp_autobatch_on_stack_read",
 @contextlib.contextmanager
 def reads_observed(on_read):
   """Within it, each `rows_at(stack, sp)` calls `on_read(stack, sp, rows)`
-  with the rows it read, before they are used: the reverse VM
-  (`reverse_vm`) watches them, and sends their adjoints to those rows of
-  the stack's adjoint, rather than differentiating the read (whose
+  with the rows it read, before they are used, and returns what that
+  returns instead where not None: the reverse VM (`reverse_vm`) records
+  the rows a block read, and when it runs the block again, serves them
+  from its record, watches them, and sends their adjoints to those rows
+  of the stack's adjoint (rather than differentiating the read, whose
   gradient would be a dense [D, Z, ...] buffer)."""
   token = _ON_READ.set(on_read)
   try:
@@ -106,7 +108,9 @@ def rows_at(stack, sp):
                                  stack)
   on_read = _ON_READ.get()
   if on_read is not None:
-    on_read(stack, sp, rows)
+    replaced = on_read(stack, sp, rows)
+    if replaced is not None:
+      rows = replaced
   return rows
 
 

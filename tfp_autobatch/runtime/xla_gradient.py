@@ -47,8 +47,8 @@ class XlaGradient:
   def __init__(self, differentiable):
     self.differentiable = differentiable
     self._backward = {}   # (batch size, bound, variables) -> tf.function
-    # (batch size, variables) -> the reverse VM's plan of the variables
-    # gathered (`reverse_vm.ReverseVm.gathered`).
+    # (batch size, variables) -> the reverse VM's plan
+    # (`reverse_vm.ReverseVm`).
     self._gathered = {}
     self._least_bound = {}   # batch size -> largest bound used
 
@@ -108,9 +108,8 @@ class XlaGradient:
 
   def _traced_backward(self, size, bound, variables, inputs, upstream):
     """The backward pass's concrete function. Traced again where its
-    trace found variables gathered (an embedding's rows) that the plan
-    it was traced with did not have (`reverse_vm.ReverseVm.gathered`),
-    or a planned one read whole: at most once more per change."""
+    trace changed the plan it was traced with (`reverse_vm.ReverseVm`:
+    variables gathered, stack leaves a block reads more than once)."""
     variables_key = tuple(v.ref() for v in variables)
     key = (size, bound, variables_key)
     plan_key = (size, variables_key)
@@ -126,8 +125,7 @@ class XlaGradient:
             functools.partial(self._backward_fn(reverse, bound, variables)),
             jit_compile=True, autograph=False)
         concrete = backward.get_concrete_function(inputs, upstream)
-        learned = {k: n for k, n in reverse.learned.items()
-                   if n is not reverse_vm.DENSE}
+        learned = reverse.plan_learned()
         if learned != plan:
           self._gathered[plan_key] = learned
           del self._backward[key]
