@@ -94,10 +94,7 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   static once compiled). Up to `ALL_ROWS_UP_TO` rows, and for a kernel
   that costs little per row (`buckets_pay`), there are no buckets: the
   call runs on every row, or not at all."""
-  count = tf.reduce_sum(tf.cast(members, tf.int32))
-  sizes = member_bucket_sizes(z, members.shape[0])
-  if sizes and not buckets_pay(kernel_for(z), z, ins):
-    sizes = []
+  count, sizes, index = _bucket_choice(kernel_for, z, members, ins)
 
   def everyone():
     return list(kernel_for(z)(z, *ins)), z
@@ -111,12 +108,25 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
                           size), size
     return run
 
-  # Sizes fall, largest first: the last one holding `count` wins;
-  # past them (the 0), the branch for no members.
-  index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
   outs, rows = tf.switch_case(index, [everyone] + [bucket(n) for n in sizes]
                               + [skip])
   return opaque_to_constant_inference(outs), rows, count
+
+
+def _bucket_choice(kernel_for, z, members, ins):
+  """`(count, sizes, index)`: the members' count, the bucket sizes
+  (`member_bucket_sizes`, none where they do not pay: `buckets_pay`) and
+  the branch to run: 0 for every row, i for `sizes[i - 1]`, and
+  `len(sizes) + 1` for no members. `on_members_in_buckets` and its
+  gradient (`on_members_in_buckets_with_vjp`) branch on the same."""
+  count = tf.reduce_sum(tf.cast(members, tf.int32))
+  sizes = member_bucket_sizes(z, members.shape[0])
+  if sizes and not buckets_pay(kernel_for(z), z, ins):
+    sizes = []
+  # Sizes fall, largest first: the last one holding `count` wins;
+  # past them (the 0), the branch for no members.
+  index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
+  return count, sizes, index
 
 
 def buckets_pay(kernel, z, ins=()):
@@ -262,11 +272,7 @@ def on_members_in_buckets_with_vjp(kernel_for, z, members, ins, skip):
   branches return every intermediate the gradient reads, and XLA copies
   each intermediate that is a branch's input (the model's weights, at
   every call)."""
-  count = tf.reduce_sum(tf.cast(members, tf.int32))
-  sizes = member_bucket_sizes(z, members.shape[0])
-  if sizes and not buckets_pay(kernel_for(z), z, ins):
-    sizes = []
-  index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
+  count, sizes, index = _bucket_choice(kernel_for, z, members, ins)
   flat_ins = tf.nest.flatten(ins)
   float_positions = [i for i, x in enumerate(flat_ins) if x.dtype.is_floating]
 
