@@ -87,6 +87,26 @@ def repeated(primitive):
   return steps
 
 
+def tree_of_model_calls(variable):
+  """A batched `tree(x, depth)` that calls a `@tab.batched_primitive`
+  model, `tanh(v * variable)`, at depth 0 and otherwise itself twice: `x`
+  is saved on the stack across the recursive calls, and the second call
+  reads the first's result. Its gradient reaches `variable` through the
+  model (test_gradients, test_reverse_vm)."""
+  @tab.batched_primitive
+  def model(v):
+    return tf.tanh(v * variable)
+
+  @tab.batch
+  def tree(x, depth):
+    if depth == 0:
+      return model(x)
+    a = tree(x * 0.5 + 0.1, depth - 1)
+    b = tree(a * x, depth - 1)
+    return a + b * x
+  return tree
+
+
 @tab.batch
 def sum_to(n):
   if n <= 0:

@@ -7,23 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import pc_testing
 import tfp_autobatch as tab
 
 WEIGHT = tf.Variable(0.8, dtype=tf.float64)
-
-
-@tab.batched_primitive
-def model(v):
-  return tf.tanh(v * WEIGHT)
-
-
-@tab.batch
-def tree(x, depth):
-  if depth == 0:
-    return model(x)
-  a = tree(x * 0.5 + 0.1, depth - 1)
-  b = tree(a * x, depth - 1)
-  return a + b * x
+tree = pc_testing.tree_of_model_calls(WEIGHT)
 
 
 def tree_one(x, depth):

@@ -5,28 +5,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import pc_testing
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import batched_primitive_calls
 
+# A 2-vector variable and inputs of two columns, so that the stacks the
+# reverse VM reads and writes have an event shape.
 SCALE = tf.Variable([1.5, -0.5], dtype=tf.float64)
-
-
-@tab.batched_primitive
-def leaf(v):
-  return tf.tanh(v * SCALE)
-
-
-@tab.batch
-def tree(x, depth):
-  # x is saved on the stack across the recursive calls; the second call
-  # reads the first's result.
-  if depth == 0:
-    return leaf(x)
-  a = tree(x * 0.5 + 0.1, depth - 1)
-  b = tree(a * x, depth - 1)
-  return a + b * x
-
+tree = pc_testing.tree_of_model_calls(SCALE)
 
 X = np.random.default_rng(3).normal(size=(9, 2))
 DEPTH = np.array([0, 3, 1, 2, 3, 0, 2, 4, 1], np.int32)
