@@ -296,7 +296,7 @@ class BlockExecution:
     if self.mode == "xla" or _tf_private.in_xla_context():
       batched_primitive_calls.warn_of_matrix_work_on_constants(
           self.kernel_of(op, self.static_z), op.code)
-    if vectorize.tracing_for_xla_gradient():
+    if vectorize.tracing_for_reverse_vm():
       return batched_primitive_calls.on_members_in_buckets_with_vjp(
           functools.partial(self.kernel_of, op), self.z,
           self.members(guard), ins, skip)

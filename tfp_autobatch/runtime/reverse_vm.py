@@ -93,7 +93,7 @@ class ReverseVm:
     rt = self.runtime
     leaves = tf.nest.flatten(args)
     floats = [x for x in leaves if x.dtype.is_floating]
-    with vectorize.for_xla_gradient():
+    with vectorize.for_reverse_vm():
       layout = rt.layout_for(leaves[0].shape[0])
       if len(layout.dispatches) != 1 or layout.banks.sizes:
         raise ValueError("the reverse VM needs pc:graph's layout (one "

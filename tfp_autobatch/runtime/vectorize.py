@@ -19,7 +19,7 @@ once per primitive this cut the first call of one NUTS step (trace and XLA
 compilation) by a quarter to a third, with the same step times (the first
 call's time, `first_call_sec`, in `python -m benchmarks.nuts_vm_steps`).
 
-Within `for_xla_gradient()`, where `pc:xla`'s gradient (`reverse_vm`)
+Within `for_reverse_vm()`, where `pc:xla`'s gradient (`reverse_vm`)
 traces the VM, a kernel is traced into the graph of each block that calls
 it instead: the gradient of a function call passes the constants its
 backward reads (split axes, shapes) out of the forward function as
@@ -316,24 +316,25 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False,
   return run_vectorized
 
 
-_FOR_XLA_GRADIENT = contextvars.ContextVar(
-    "tfp_autobatch_for_xla_gradient", default=False)
+_FOR_REVERSE_VM = contextvars.ContextVar(
+    "tfp_autobatch_for_reverse_vm", default=False)
 
 
 @contextlib.contextmanager
-def for_xla_gradient():
-  """Within it, the VM is traced for XLA's gradient: `KernelCache.get`
-  returns kernels traced in place (see the module docstring)."""
-  token = _FOR_XLA_GRADIENT.set(True)
+def for_reverse_vm():
+  """Within it, the reverse VM (`reverse_vm`, `pc:xla`'s gradient) traces
+  the VM's blocks: `KernelCache.get` returns kernels traced in place (see
+  the module docstring)."""
+  token = _FOR_REVERSE_VM.set(True)
   try:
     yield
   finally:
-    _FOR_XLA_GRADIENT.reset(token)
+    _FOR_REVERSE_VM.reset(token)
 
 
-def tracing_for_xla_gradient():
-  """Whether the VM is being traced for XLA's gradient."""
-  return _FOR_XLA_GRADIENT.get()
+def tracing_for_reverse_vm():
+  """Whether the reverse VM is tracing the VM's blocks (`for_reverse_vm`)."""
+  return _FOR_REVERSE_VM.get()
 
 
 class KernelCache:
@@ -355,7 +356,7 @@ class KernelCache:
     # (A kernel traced for XLA, also the user's `jit_compile` around
     # pc:graph, vectorises conditionals differently: `pfor_conditions`.)
     compiled_by_xla = self.inside_xla or _tf_private.in_xla_context()
-    if _FOR_XLA_GRADIENT.get():
+    if _FOR_REVERSE_VM.get():
       return batched_fn(op, out_types, self.inside_xla, compiled_by_xla)
     # Under XLA a batched primitive (the user's model) reads its small
     # eager tensors as constants (`_tf_private.eager_captures_as_constants`),
