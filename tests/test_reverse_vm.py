@@ -9,6 +9,7 @@ import pc_testing
 import tfp_autobatch as tab
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import batched_primitive_calls
+from tfp_autobatch.runtime import vectorize
 
 # A 2-vector variable and inputs of two columns, so that the stacks the
 # reverse VM reads and writes have an event shape.
@@ -53,6 +54,23 @@ def test_pc_xla_gradient_is_the_reverse_vm_and_matches_pc_graph():
       types = _op_types(concrete)
       assert "While" in types or "StatelessWhile" in types
       assert not {"TensorListPushBack", "EmptyTensorList"} & types
+
+
+def test_the_reverse_vm_does_not_check_for_work_on_constants(monkeypatch):
+  # Its kernels, traced in place, have no graph to check; the forward
+  # pc:xla call checks the same code.
+  traced_for = []
+  monkeypatch.setattr(
+      batched_primitive_calls, "warn_of_matrix_work_on_constants",
+      lambda kernel, code: traced_for.append(
+          vectorize.tracing_for_reverse_vm()))
+  fresh = pc_testing.tree_of_model_calls(SCALE)
+  x = tf.constant(X)
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    total = tf.reduce_sum(fresh(x, DEPTH, backend="pc:xla"))
+  assert tape.gradient(total, x) is not None
+  assert traced_for and not any(traced_for)
 
 
 def _kernel_for(size):

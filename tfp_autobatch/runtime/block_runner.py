@@ -293,13 +293,14 @@ class BlockExecution:
     `batched_primitive_calls`)."""
     ins = [self.read(v) for v in op.ins]
     skip = lambda: (self.zeros(op), 0)
-    if self.mode == "xla" or _tf_private.in_xla_context():
-      batched_primitive_calls.warn_of_matrix_work_on_constants(
-          self.kernel_of(op, self.static_z), op.code)
     if vectorize.tracing_for_reverse_vm():
+      # No constant-work check: kernels traced in place have no graph to read.
       return batched_primitive_calls.on_members_in_buckets_with_vjp(
           functools.partial(self.kernel_of, op), self.z,
           self.members(guard), ins, skip)
+    if self.mode == "xla" or _tf_private.in_xla_context():
+      batched_primitive_calls.warn_of_matrix_work_on_constants(
+          self.kernel_of(op, self.static_z), op.code)
     if self.mode == "xla":
       # Traced for each bucket's static size: XLA cannot compile some
       # models' gradients traced for any number of rows (TFP's
