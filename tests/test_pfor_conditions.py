@@ -69,3 +69,49 @@ def test_selects_for_conditions_leave_pfor_as_it_was():
     assert registry["StatelessIf"] is not before["StatelessIf"]
     assert registry["StatelessCase"] is not before["StatelessCase"]
   assert registry == before
+
+
+def _conditions_computed_once(graph):
+  """How many `SelectV2`s in `graph` select on a condition computed once
+  (`_xla.computed_once`: a comparison of a sum)."""
+  return sum(op.type == "SelectV2" and op.inputs[0].op.type == "Greater"
+             and op.inputs[0].op.inputs[0].op.type == "Sum"
+             for op in graph.get_operations())
+
+
+@pytest.mark.parametrize("rows, once", [(256, True), (4, False)])
+def test_a_large_select_computes_its_row_condition_once(rows, once):
+  # A per-example tf.where on a scalar condition: XLA would evaluate the
+  # condition's computation for every element of the row. From
+  # CONDITION_ONCE_FROM_ELEMENTS elements the condition is computed once
+  # per row (a reduction XLA does not fuse into the select); a small
+  # select is left as pfor makes it.
+  assert rows * 8 >= pfor_conditions.CONDITION_ONCE_FROM_ELEMENTS or not once
+  rng = np.random.default_rng(0)
+  c = rng.normal(size=[rows]).astype(np.float32)
+  x = rng.normal(size=[rows, 8]).astype(np.float32)
+
+  @tf.function(autograph=False)
+  def run(c, x):
+    with pfor_conditions.as_selects():
+      return tf.vectorized_map(
+          lambda a: tf.where(tf.exp(a[0]) > 1., a[1], -2. * a[1]), (c, x))
+
+  np.testing.assert_allclose(run(c, x),
+                             np.where(c[:, None] > 0, x, -2. * x))
+  graph = run.get_concrete_function(c, x).graph
+  assert _conditions_computed_once(graph) == int(once)
+
+
+@tab.batch
+def _flip_where_negative(x, c):
+  return tf.where(c > 0., x, -2. * x)
+
+
+def test_pc_xla_select_with_its_condition_once_matches_per_example_code():
+  rng = np.random.default_rng(1)
+  c = rng.normal(size=[256]).astype(np.float32)
+  x = rng.normal(size=[256, 8]).astype(np.float32)
+  np.testing.assert_allclose(
+      _flip_where_negative(x, c, backend="pc:xla"),
+      np.where(c[:, None] > 0, x, -2. * x))

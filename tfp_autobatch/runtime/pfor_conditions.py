@@ -19,13 +19,16 @@ cumulative sum or product whose axis is a constant keeps its (shifted)
 axis a constant, where pfor computes it in the graph. XLA needs the axes
 of their gradients at compile time: `pc:xla`'s gradient (`reverse_vm`)
 differentiates the blocks inside its loop, where a computed axis is a
-value XLA cannot read as a constant.
+value XLA cannot read as a constant. And a per-example `tf.where` on a
+scalar condition computes its per-row condition once where the select is
+large (`CONDITION_ONCE_FROM_ELEMENTS`).
 """
 import contextlib
 
 import numpy as np
 import tensorflow as tf
 
+from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime._tf_private import pfor as _pfor
 
@@ -113,12 +116,44 @@ def _make_axis_op_converter(op, **attrs):
   return make
 
 
+# A per-example `tf.where` with a scalar condition and values of several
+# elements selects on a per-row condition. XLA fuses that condition's
+# computation into the select and evaluates it again for every element of
+# the row; NUTS's merges (an acceptance test, a log-sum-exp, a divergence
+# check) spent most of their register writes doing so. From this many
+# elements of the select's result, the condition is computed once per row
+# (`_xla.computed_once`), at the price of a kernel of its own: at 256
+# chains of eight_schools (10 coordinates) a NUTS transition took 7% less
+# time, at 64 chains (640 elements) none
+# (`python -m benchmarks.nuts_vm_steps --model=eight_schools`).
+CONDITION_ONCE_FROM_ELEMENTS = 1024
+
+
+def _make_select_converter(pfor_converter):
+  def convert_select(pfor_input):
+    cond, cond_stacked, _ = pfor_input.input(0)
+    if not cond_stacked or cond.shape.rank != 1:
+      return pfor_converter(pfor_input)
+    pfor_input.expanddim_inputs_for_broadcast()
+    cond, t, e = (pfor_input.input(i)[0] for i in range(3))
+    shape = tf.broadcast_static_shape(
+        cond.shape, tf.broadcast_static_shape(t.shape, e.shape))
+    if (not shape.is_fully_defined()
+        or shape.num_elements() < CONDITION_ONCE_FROM_ELEMENTS
+        or shape.num_elements() == shape[0]):
+      return _pfor.wrap(tf.where(cond, t, e), True)
+    once = _xla.computed_once(tf.cast(cond, tf.float32)) > 0.5
+    return _pfor.wrap(tf.where(once, t, e), True)
+  return convert_select
+
+
 def _select_converters():
   if _pfor is None:
     return {}
   registry = _pfor._pfor_converter_registry  # pylint: disable=protected-access
   makers = {"If": _make_if_converter, "StatelessIf": _make_if_converter,
             "Case": _make_case_converter,
+            "SelectV2": _make_select_converter,
             "StatelessCase": _make_case_converter,
             "Split": _make_split_converter,
             "ConcatV2": _make_concat_converter,
