@@ -471,6 +471,25 @@ def test_code_pfor_cannot_vectorise_is_an_error_in_strict_mode(monkeypatch):
       _noisy_count()(np.array([3, 5]), np.array([2, 1]), backend=backend)
 
 
+def test_a_gather_straight_from_a_variable_says_to_read_it_first(
+    monkeypatch):
+  # pfor has no rule for ResourceGather: the error says what to write
+  # instead, and that code vectorises.
+  monkeypatch.setenv("TFP_AUTOBATCH_STRICT_PFOR", "1")
+  table = tf.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+  @tab.batch
+  def straight(i):
+    return tf.reduce_sum(tf.gather(table, i))
+  @tab.batch
+  def read_first(i):
+    return tf.reduce_sum(tf.gather(table.read_value(), i))
+  rows = np.array([1, 2, 5], np.int32)
+  with pytest.raises(tab.AutobatchError, match=r"table\.read_value\(\)"):
+    straight(rows, backend="pc:graph")
+  np.testing.assert_allclose(read_first(rows, backend="pc:graph"),
+                             [5., 9., 21.])
+
+
 @pytest.mark.parametrize("backend", tab.BACKENDS)
 def test_code_pfor_cannot_vectorise_runs_as_a_loop_with_a_warning(
     backend, monkeypatch, caplog):

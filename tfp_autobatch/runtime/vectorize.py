@@ -167,6 +167,24 @@ def _check_shapes_do_not_vary(per_example, batched_args, code):
             "than tf.range(n) for a per-example n")
 
 
+# What to do about ops pfor has no rule for, by op type, where the user's
+# code can avoid them.
+_UNVECTORISED_OP_ADVICE = {
+    "ResourceGather": (
+        "it gathers straight from a tf.Variable (ResourceGather), which "
+        "pfor cannot vectorise: read the variable first, e.g. "
+        "tf.gather(table.read_value(), i) or tf.convert_to_tensor(table)[i]"),
+}
+
+
+def _advice(error):
+  """Advice on the ops that `error` (pfor's) names and the user's code can
+  avoid, as sentences to append to a message ("" if none)."""
+  found = [advice for op, advice in _UNVECTORISED_OP_ADVICE.items()
+           if op in str(error)]
+  return "".join(f" Advice: {advice}." for advice in found)
+
+
 def vectorized_map(per_example, batched_args, code):
   """`per_example(*args)` on every row of `batched_args`, with pfor.
 
@@ -184,10 +202,10 @@ def vectorized_map(per_example, batched_args, code):
     if strict_vectorization():
       raise errors.AutobatchError(
           f"cannot vectorise the code at {code.filename}, line {code.lineno} "
-          f"(`{code.source}`) over the batch: {e}") from e
+          f"(`{code.source}`) over the batch: {e}{_advice(e)}") from e
     logging.warning("tfp_autobatch: the code at %s:%d (`%s`) falls back to a "
-                    "sequential loop over the batch: %s", code.filename,
-                    code.lineno, code.source, e)
+                    "sequential loop over the batch: %s%s", code.filename,
+                    code.lineno, code.source, e, _advice(e))
     return _eager_vectorized_map(body, batched_args,
                                  fallback_to_while_loop=True)
 
