@@ -146,5 +146,5 @@ def test_an_embeddings_gradient_leaves_each_step_as_its_rows():
   # The plan the backward pass was traced with has the table gathered:
   # its rows, not the whole table, leave the conditional at each step.
   runtime = pipeline.runtime(walk, walk._last_types, "pc:xla")  # pylint: disable=protected-access
-  plans = list(runtime._gradient._gathered.values())  # pylint: disable=protected-access
+  plans = list(runtime._gradient._plans.values())  # pylint: disable=protected-access
   assert plans and all(plan["gathered"] for plan in plans)

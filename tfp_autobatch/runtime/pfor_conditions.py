@@ -122,10 +122,9 @@ def _make_axis_op_converter(op, **attrs):
 # the row; NUTS's merges (an acceptance test, a log-sum-exp, a divergence
 # check) spent most of their register writes doing so. From this many
 # elements of the select's result, the condition is computed once per row
-# (`_xla.computed_once`), at the price of a kernel of its own: at 256
-# chains of eight_schools (10 coordinates) a NUTS transition took 7% less
-# time, at 64 chains (640 elements) none
-# (`python -m benchmarks.nuts_vm_steps --model=eight_schools`).
+# (`_xla.computed_once`), at the price of a kernel of its own, which a
+# small select does not repay (`python -m benchmarks.nuts_vm_steps
+# --model=eight_schools` times both sides of the threshold).
 CONDITION_ONCE_FROM_ELEMENTS = 1024
 
 

@@ -49,7 +49,7 @@ class XlaGradient:
     self._backward = {}   # (batch size, bound, variables) -> tf.function
     # (batch size, variables) -> the reverse VM's plan
     # (`reverse_vm.ReverseVm`).
-    self._gathered = {}
+    self._plans = {}
     self._least_bound = {}   # batch size -> largest bound used
 
   def call(self, vm, args):
@@ -116,7 +116,7 @@ class XlaGradient:
     while True:
       backward = self._backward.get(key)
       if backward is None:
-        plan = self._gathered.setdefault(plan_key, {})
+        plan = self._plans.setdefault(plan_key, {})
         reverse = reverse_vm.ReverseVm(self.differentiable, plan)
         # A partial, as for the VM (`pc_vm.PcVmRuntime.compiled_for`):
         # TF's retracing detector would count every backward as one
@@ -127,7 +127,7 @@ class XlaGradient:
         concrete = backward.get_concrete_function(inputs, upstream)
         learned = reverse.plan_learned()
         if learned != plan:
-          self._gathered[plan_key] = learned
+          self._plans[plan_key] = learned
           del self._backward[key]
           continue
         return concrete
