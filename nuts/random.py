@@ -44,14 +44,31 @@ def _u32(x):
                  tf.uint32)
 
 
-def mix32(x):
-  """lowbias32: a bijective 32-bit integer mixer."""
-  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
-  x = x * tf.constant(0x7FEB352D, tf.uint32)
-  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(15, tf.uint32)))
-  x = x * tf.constant(0x846CA68B, tf.uint32)
-  x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
-  return x
+_MIX32_STEPS = ((16, 0x7FEB352D), (15, 0x846CA68B))
+_MIX32_LAST_SHIFT = 16
+
+
+def mix32(x, constants=None):
+  """lowbias32: a bijective 32-bit integer mixer (of a uint32 tensor, or
+  of a Python int, mixed in Python: a key's constant words cost the trace
+  no ops). `constants`: its `mix32_constants()`, made once for several
+  mixes (each costs the trace an op)."""
+  if isinstance(x, int):
+    x &= 0xFFFFFFFF
+    for shift, factor in _MIX32_STEPS:
+      x = ((x ^ (x >> shift)) * factor) & 0xFFFFFFFF
+    return x ^ (x >> _MIX32_LAST_SHIFT)
+  steps, last_shift = constants or mix32_constants()
+  for shift, factor in steps:
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, shift)) * factor
+  return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, last_shift))
+
+
+def mix32_constants():
+  """The uint32 constants `mix32` of a tensor takes, as tensors."""
+  u32 = lambda c: tf.constant(c, tf.uint32)  # pylint: disable=unnecessary-lambda-assignment
+  return ([(u32(shift), u32(factor)) for shift, factor in _MIX32_STEPS],
+          u32(_MIX32_LAST_SHIFT))
 
 
 _INITIAL = 0x6A09E667
@@ -62,11 +79,20 @@ def hash_words(words, state=None, position=0):
   """Hashes a list of 32-bit words (tensors broadcast together) to uint32:
   absorbed into `state`, the hash of `position` words before them (by
   default none)."""
-  h = tf.constant(_INITIAL, tf.uint32) if state is None else _u32(state)
+  # Words that are Python ints are hashed in Python, and so is the state
+  # until the first tensor word.
+  h = _INITIAL if state is None else _u32(state)
+  constants = None
   for i, w in enumerate(words, start=position):
-    w = _u32(w) + tf.constant((i + 1) * _GOLDEN & 0xFFFFFFFF, tf.uint32)
-    h = mix32(tf.bitwise.bitwise_xor(h, mix32(w)))
-  return h
+    offset = (i + 1) * _GOLDEN & 0xFFFFFFFF
+    if isinstance(w, int) and isinstance(h, int):
+      h = mix32(h ^ mix32(w + offset))
+      continue
+    constants = constants or mix32_constants()
+    w = (mix32(w + offset) if isinstance(w, int) else
+         mix32(_u32(w) + tf.constant(offset, tf.uint32), constants))
+    h = mix32(tf.bitwise.bitwise_xor(_u32(h), _u32(w)), constants)
+  return _u32(h)
 
 
 def chain_key(seed_words):

@@ -67,6 +67,38 @@ def test_where_expands_a_wider_mask_once_per_rank():
   assert ops.count("StridedSlice") == 1
 
 
+def test_where_in_a_function_expands_a_mask_once_for_every_call():
+  """A block selects most of its registers with one mask, over several
+  calls: in a function graph its broadcast is made once, and a branch
+  (a graph of its own) makes its own."""
+  counts = {}
+  @tf.function(jit_compile=True)
+  def select(mask, a, b):
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    first = batch_state.where(mask, a, b)
+    second = batch_state.where(mask, [b, a], [a, b])
+    counts["outer"] = [op.type for op in graph.get_operations()[before:]
+                       ].count("StridedSlice")
+    def branch():
+      inner = tf.compat.v1.get_default_graph()
+      start = len(inner.get_operations())
+      out = batch_state.where(mask, a, b)
+      counts["branch"] = [op.type for op in inner.get_operations()[start:]
+                          ].count("StridedSlice")
+      return out
+    third = tf.cond(tf.reduce_any(mask), branch, lambda: b)
+    return first, second, third
+  mask = tf.constant([True, False])
+  a, b = tf.ones([2, 3, 2]), tf.zeros([2, 3, 2])
+  first, (second_a, second_b), third = select(mask, a, b)
+  assert counts == {"outer": 1, "branch": 1}
+  expected = np.broadcast_to(np.reshape([1., 0.], [2, 1, 1]), [2, 3, 2])
+  for got, want in [(first, expected), (second_a, 1 - expected),
+                    (second_b, expected), (third, expected)]:
+    np.testing.assert_array_equal(got, want)
+
+
 def test_where_selects_rows_of_any_rank():
   mask = tf.constant([True, False, True])
   new = (tf.ones([3]), tf.ones([3, 2], tf.int32), tf.ones([3, 2, 2]))

@@ -36,6 +36,20 @@ def test_stack_keeps_static_shapes_with_an_unknown_batch():
   np.testing.assert_array_equal(stacked(tf.ones([2, 4]))[7], 7 * np.ones([2, 4]))
 
 
+def test_a_long_stack_of_static_shapes_reshapes_by_a_constant():
+  # The shape computed in the graph costs the trace about ten ops more.
+  @tf.function
+  def stacked(x):
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    out = fusible.stack([x * i for i in range(20)], axis=1)
+    types = [op.type for op in graph.get_operations()[before:]]
+    assert "Shape" not in types and "ConcatV2" not in types, types
+    return out
+  np.testing.assert_array_equal(stacked(tf.ones([2, 4]))[:, 7],
+                                7 * np.ones([2, 4]))
+
+
 def test_a_long_stack_of_selects_compiles_to_one_kernel():
   # tf.stack of 20 selects is 20 select kernels and a concatenation under
   # XLA on CPU (it fuses a concatenation of at most 8 operands).

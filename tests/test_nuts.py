@@ -128,6 +128,30 @@ def test_a_chain_key_draws_what_its_seed_words_draw():
       nuts_random.normal(keys[0], [7], 5), nuts_random.normal(seeds[0], [7], 5))
 
 
+def test_constant_words_are_hashed_in_python_to_the_same_bits():
+  """A key's Python-int words (NUTS's draw kinds) are mixed in Python: the
+  same draws as the words as tensors, with none of their integer ops in
+  the graph."""
+  seeds = tf.constant([[5, 6, 7], [-1, 2**31 - 1, -2**31]], tf.int32)
+  constant_words = [4, -3, 2**32 - 1]
+  tensor_words = [tf.constant(w, tf.int64) for w in constant_words]
+  for seed in (seeds[1], nuts_random.chain_key(seeds)[1]):
+    np.testing.assert_array_equal(
+        nuts_random.uniform(seed, constant_words + [tf.range(5)]),
+        nuts_random.uniform(seed, tensor_words + [tf.range(5)]))
+  # Every word a Python int: the hash is all Python's (the reference's
+  # uniform is its hash, plus a half, over 2**32, exactly in float64).
+  assert nuts_random.hash_words([1, 2, -3]).numpy() == (
+      reference_numpy.uniform([1, 2], [-3]) * 2**32 - 0.5)
+  def integer_ops(words):
+    graph = tf.function(lambda: nuts_random.uniform(
+        seeds[0], words)).get_concrete_function().graph
+    return sum(op.type in ("BitwiseXor", "RightShift", "Mul")
+               for op in graph.get_operations())
+  assert integer_ops(constant_words + [tf.constant(1)]) < integer_ops(
+      tensor_words + [tf.constant(1)]) - 3 * 5
+
+
 def test_random_is_stateless_vectorises_and_matches_numpy():
   seeds = tf.constant(np.arange(12).reshape(4, 3).astype(np.int32))
   draw = lambda s: nuts_random.normal(s, [tf.constant(3), tf.constant(-5)], 5)

@@ -74,10 +74,8 @@ def where(mask, new, old):
   The mask is broadcast by static rank, so static shapes survive (which
   `tf.while_loop` needs of its loop state).
   """
-  # The mask as each leaf's rank needs it, built once per rank: a slice
-  # per leaf cost the trace four ops each, a few thousand in a NUTS trace.
-  masks = {0: mask}
   rows_select = mask.shape.rank == 1 and not _tf_private.in_xla_context()
+  made = _broadcastable_masks()
   def leaf(n, o):
     if (rows_select and n.shape.rank == o.shape.rank
         and n.shape.is_compatible_with(o.shape)):
@@ -87,11 +85,43 @@ def where(mask, new, old):
       # through MLIR, one small module per op, far longer to compile than
       # SelectV2 for the same computation (a NUTS step has hundreds).
       return tf.raw_ops.Select(condition=mask, x=n, y=o)
-    extra = n.shape.rank - mask.shape.rank
-    if extra not in masks:
-      masks[extra] = mask[(Ellipsis,) + (None,) * extra]
-    return tf.where(masks[extra], n, o)
+    return tf.where(
+        _broadcastable(mask, n.shape.rank - mask.shape.rank, made), n, o)
   return tf.nest.map_structure(leaf, new, old)
+
+
+# Where a function graph keeps its masks made broadcastable, by (mask,
+# trailing axes): {(mask.ref(), extra): mask[..., None, ...]}.
+_BROADCASTABLE_MASKS = "_tfp_autobatch_broadcastable_masks"
+
+
+def _broadcastable_masks():
+  """Where `where` keeps the masks it made broadcastable (`_broadcastable`).
+
+  In a function graph, the graph's own: a slice costs the trace four ops,
+  and the blocks of a batched program select most of their registers
+  with a few masks (a NUTS step's trace sliced them about 120 times).
+  Elsewhere (eagerly, or in a TF1 graph, whose control-flow contexts
+  could not share a tensor between branches) one call's."""
+  graph = tf.compat.v1.get_default_graph()
+  if tf.executing_eagerly() or not graph.building_function:
+    return {}
+  made = getattr(graph, _BROADCASTABLE_MASKS, None)
+  if made is None:
+    made = {}
+    setattr(graph, _BROADCASTABLE_MASKS, made)
+  return made
+
+
+def _broadcastable(mask, extra, made):
+  """`mask` with `extra` trailing axes of size 1, to select leaves of
+  higher rank with; made once per mask and rank in `made`."""
+  if extra == 0:
+    return mask
+  key = (mask.ref(), extra)
+  if key not in made:
+    made[key] = mask[(Ellipsis,) + (None,) * extra]
+  return made[key]
 
 
 def take(value, count):

@@ -32,12 +32,18 @@ def stack(values, axis=0):
   groups[-1] += [tf.zeros_like(values[0])] * (width - len(groups[-1]))
   # [..., G, width, ...]: `width` at `axis` + 1, the groups at `axis`.
   tree = stack([tf.stack(g, axis) for g in groups], axis)
+  static = values[0].shape
+  if static.is_fully_defined():
+    # One constant for the shape: the dynamic one below costs the trace
+    # about ten ops.
+    flat = tf.reshape(tree, static[:axis].concatenate(
+        [len(groups) * width]).concatenate(static[axis:]))
+    return flat[(slice(None),) * axis + (slice(0, n),)]
   shape = tf.shape(tree)
   merged = tf.concat([shape[:axis], [shape[axis] * width], shape[axis + 2:]],
                      0)
   flat = tf.reshape(tree, merged)
   # Static shapes survive the reshape where they are known.
-  static = values[0].shape
   if static.rank is not None:
     flat = tf.ensure_shape(
         flat, static[:axis].concatenate([len(groups) * width])
