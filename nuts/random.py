@@ -66,7 +66,8 @@ def mix32(x, constants=None):
 
 def mix32_constants():
   """The uint32 constants `mix32` of a tensor takes, as tensors."""
-  u32 = lambda c: tf.constant(c, tf.uint32)  # pylint: disable=unnecessary-lambda-assignment
+  def u32(c):
+    return tf.constant(c, tf.uint32)
   return ([(u32(shift), u32(factor)) for shift, factor in _MIX32_STEPS],
           u32(_MIX32_LAST_SHIFT))
 
