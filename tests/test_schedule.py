@@ -74,6 +74,24 @@ def test_schedules_pick_the_documented_block(pc_top, schedule):
   assert int(got) == _next_block_np(pc_top, 8, schedule, model_blocks)
 
 
+def test_the_schedules_constants_are_not_computed_in_the_graph():
+  """Each dispatch loop of a step traces the schedule: its block indices
+  and model masks are constants, not ops computing them."""
+  program = pipeline.stack_program(_model_in_a_loop, INT)
+  schedule = schedule_lib.Schedule(program, "primitives_last")
+  types = []
+  @tf.function(jit_compile=True, autograph=False)
+  def next_block(pc_top):
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    block = schedule.next_block(pc_top)
+    types.extend(op.type for op in graph.get_operations()[before:])
+    return block
+  assert int(next_block(tf.constant([2, 2, 3], tf.int32))) == 3
+  assert not {"Range", "StridedSlice", "Pack", "Sub", "OnesLike"} & set(types)
+  assert len(types) <= 30
+
+
 def test_an_unknown_schedule_is_refused_with_the_known_ones():
   program = pipeline.stack_program(fib, INT)
   with pytest.raises(ValueError, match="one of .*lowest_pc.*not 'fastest'"):

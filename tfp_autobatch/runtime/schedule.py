@@ -15,6 +15,7 @@ picks that block from the members' program counters:
   has members, so the model runs on as many members as can reach it;
   without batched primitives it is crowded_lowest_pc.
 """
+import numpy as np
 import tensorflow as tf
 
 from tfp_autobatch.ir import ir2
@@ -33,9 +34,13 @@ class Schedule:
     self.name = schedule
     self._halt = program.halt
     calls_model = [ir2.calls_batched_primitive(b) for b in program.blocks]
-    self._model_blocks = ([int(c) for c in calls_model]
-                          if schedule == "primitives_last" and any(calls_model)
-                          else None)
+    # The schedule's constants, as NumPy arrays: each a constant of the
+    # graph where a step is traced (computed there, they were a few ops
+    # each, in every dispatch loop's step).
+    self._not_model = (
+        1 - np.array(calls_model, np.int32)
+        if schedule == "primitives_last" and any(calls_model) else None)
+    self._blocks = np.arange(self._halt, dtype=np.int32)
 
   def next_block(self, pc_top):
     """The index of the block to run next (a scalar tensor), or the halt
@@ -60,7 +65,7 @@ class Schedule:
       # halted members' segment is dropped.
       counts = tf.math.unsorted_segment_sum(
           tf.ones_like(pc_top), pc_top, halt + 1)[:halt]
-    if self._model_blocks is None:
+    if self._not_model is None:
       most = tf.reduce_max(counts)
     else:
       # Blocks that call a @batched_primitive (the model: the expensive
@@ -68,12 +73,12 @@ class Schedule:
       # as many members as can reach them. Both maxima in one reduction,
       # the mask applied inside it: under XLA each reduction, and a masked
       # count that two of them read, was a kernel launched every VM step.
-      not_model = 1 - tf.constant(self._model_blocks, tf.int32)
-      maxima = tf.reduce_max(
-          counts * tf.stack([tf.ones_like(not_model), not_model]), 1)
-      most_others = maxima[1]
-      counts = tf.where(most_others > 0, counts * not_model, counts)
-      most = tf.where(most_others > 0, most_others, maxima[0])
+      most, most_others = tf.unstack(tf.reduce_max(
+          counts * np.stack([np.ones_like(self._not_model),
+                             self._not_model]), 1))
+      others_wait = most_others > 0
+      counts = tf.where(others_wait, counts * self._not_model, counts)
+      most = tf.where(others_wait, most_others, most)
     if self.name in ("crowded_lowest_pc", "primitives_last"):
       # The lowest block holding at least half as many members as the most
       # crowded one: keeps lowest-pc's depth-first recursion, but does not
@@ -81,4 +86,4 @@ class Schedule:
       picked = tf.logical_and(counts > 0, 2 * counts >= most)
     else:
       picked = tf.logical_and(counts > 0, counts >= most)
-    return tf.reduce_min(tf.where(picked, tf.range(halt), halt))
+    return tf.reduce_min(tf.where(picked, self._blocks, halt))
