@@ -57,10 +57,12 @@ def test_a_large_batch_packs_registers_as_rows():
   assert packing.axis == 0
   assert register_file.RegisterFile(_example()).axis == 1
   files, loose = packing.pack(example)
-  # Flat order: pair.count (6 registers), pair.flag, pc; x travels loose.
+  # The file's own dtype first, then booleans, each in flat order:
+  # pair.count (6 registers), pc, pair.flag; x travels loose.
   assert files["int32"].shape == (8, z)
   np.testing.assert_array_equal(files["int32"][:6, 1], range(6, 12))
-  np.testing.assert_array_equal(files["int32"][7], range(z))
+  np.testing.assert_array_equal(files["int32"][6], range(z))
+  np.testing.assert_array_equal(files["int32"][7], np.arange(z) % 3 == 0)
   back = packing.unpack(files, loose)
   for got, want in zip(tf.nest.flatten(back), tf.nest.flatten(example)):
     assert got.dtype == want.dtype
@@ -123,10 +125,13 @@ def test_scalar_registers_pack_and_unpack_in_a_few_ops():
     packing = register_file.RegisterFile(example)
     before = len(graph.get_operations())
     packing.unpack(*packing.pack(example))
-    built = len(graph.get_operations()) - before
-  # The 20 casts of the 10 booleans (in and out) and about 30 ops for the
-  # six chunks: fewer ops than leaves.
-  assert built < 60, built
+    built = [op.type for op in graph.get_operations()[before:]]
+  # About 30 ops for the six chunks: fewer ops than leaves. The 10
+  # booleans are laid out together, so they go into the int32 file in one
+  # cast (a cast each cost the trace about twenty ops a NUTS block) and
+  # come out of it in one.
+  assert len(built) < 40, built
+  assert built.count("Cast") <= 3, built
 
 
 def test_unknown_batch_size_inside_a_graph():
