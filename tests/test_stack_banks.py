@@ -80,6 +80,33 @@ def test_writes_and_reads_match_one_stack_at_a_time(enabled, xla, z):
                               banks.view(state, name), want[name])
 
 
+@pytest.mark.parametrize("z,fills", [(5, 0), (2048, 5)])
+def test_a_packed_write_of_few_members_fills_by_constants(z, fills):
+  """A bank write's slot indices and padding rows, a fill each, cost the
+  trace three ops a leaf: constants where the batch is static and small;
+  a large one is filled when it runs (a constant would be carried whole
+  in the graph and the HLO)."""
+  rng = np.random.default_rng(0)
+  example = _stacks(z)
+  banks = stack_banks.StackBanks(example, D)
+  capacity = banks.capacity([{"pc", "depth", "pair"}, {"x", "flag", "pc"}])
+  writes = {n: _write(z, rng, example[n]) for n in ("x", "flag", "pc")}
+  types = []
+  @tf.function(jit_compile=True, autograph=False)
+  def step(state, writes):
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    packed = banks.pack(writes, z, capacity)
+    types.extend(op.type for op in graph.get_operations()[before:])
+    return banks.apply(state, packed, xla=True)
+  state = step(banks.initial(example), writes)
+  assert types.count("Fill") == fills
+  for name, write in writes.items():
+    tf.nest.map_structure(
+        np.testing.assert_array_equal, banks.view(state, name),
+        stack_banks.apply_stack_write(example[name], write))
+
+
 def test_unbanked_stacks_left_alone_share_their_zeros():
   # Outside XLA every stack a block does not push gets a write that writes
   # nothing; a block's such writes share their zeros (one per dtype and

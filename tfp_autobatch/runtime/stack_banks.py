@@ -68,6 +68,23 @@ def _as_rows(s):
   return tf.reshape(s, [-1] + s.shape[2:].as_list())
 
 
+# `_filled` makes a constant of at most this many elements (as `tf.zeros`
+# does): a larger one would be carried whole in the graph and the HLO.
+_CONSTANT_FILL_MAX_ELEMENTS = 1024
+
+
+def _filled(shape, value):
+  """An int32 tensor of `shape` (a size, or a tuple of sizes) filled with
+  `value`: one constant where the sizes are Python ints (under `pc:xla`,
+  always) and few (`tf.fill` costs the trace three ops, in every block's
+  every stack write), else `tf.fill`."""
+  shape = shape if isinstance(shape, tuple) else (shape,)
+  if (all(isinstance(n, int) for n in shape)
+      and np.prod(shape) <= _CONSTANT_FILL_MAX_ELEMENTS):
+    return tf.constant(np.full(shape, value, np.int32))
+  return tf.fill(list(shape), value)
+
+
 def _row_or_skip(write, depth):
   """The rows a write goes to under XLA: out of range (so XLA's scatter
   skips it) for the members masked off."""
@@ -241,8 +258,7 @@ class StackBanks:
       row = _row_or_skip(write, self.depth)
       for value, (key, slot) in zip(tf.nest.flatten(write.value),
                                     self._slots[name]):
-        rows[key].append(tf.stack([row, tf.fill([z], slot), members],
-                                  axis=1))
+        rows[key].append(tf.stack([row, _filled(z, slot), members], axis=1))
         values[key].append(value)
     packed = {}
     for key, reserved in capacity.items():
@@ -254,9 +270,10 @@ class StackBanks:
                              f"bank {key}, more than the {reserved} reserved")
       if pad:   # out-of-range rows: skipped
         dtype, event_shape = key
-        rows[key].append(tf.fill([pad * z, 3], self.depth))
-        values[key].append(tf.zeros(tf.concat(
-            [[pad * z], tf.constant(event_shape, tf.int32)], 0), dtype))
+        rows[key].append(_filled((pad * z, 3), self.depth))
+        values[key].append(tf.zeros(
+            [pad * z, *event_shape] if isinstance(z, int) else tf.concat(
+                [[pad * z], tf.constant(event_shape, tf.int32)], 0), dtype))
       packed[key] = (tf.concat(rows[key], 0), tf.concat(values[key], 0))
     return packed
 
