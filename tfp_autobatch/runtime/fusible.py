@@ -33,19 +33,17 @@ def stack(values, axis=0):
   # [..., G, width, ...]: `width` at `axis` + 1, the groups at `axis`.
   tree = stack([tf.stack(g, axis) for g in groups], axis)
   static = values[0].shape
+  merged = (None if static.rank is None else static[:axis].concatenate(
+      [len(groups) * width]).concatenate(static[axis:]))
   if static.is_fully_defined():
-    # One constant for the shape: the dynamic one below costs the trace
-    # about ten ops.
-    flat = tf.reshape(tree, static[:axis].concatenate(
-        [len(groups) * width]).concatenate(static[axis:]))
-    return flat[(slice(None),) * axis + (slice(0, n),)]
-  shape = tf.shape(tree)
-  merged = tf.concat([shape[:axis], [shape[axis] * width], shape[axis + 2:]],
-                     0)
-  flat = tf.reshape(tree, merged)
-  # Static shapes survive the reshape where they are known.
-  if static.rank is not None:
-    flat = tf.ensure_shape(
-        flat, static[:axis].concatenate([len(groups) * width])
-        .concatenate(static[axis:]))
+    # One constant for the shape: computing it in the graph costs the
+    # trace about ten ops.
+    flat = tf.reshape(tree, merged)
+  else:
+    shape = tf.shape(tree)
+    flat = tf.reshape(tree, tf.concat(
+        [shape[:axis], [shape[axis] * width], shape[axis + 2:]], 0))
+    # Static shapes survive the reshape where they are known.
+    if merged is not None:
+      flat = tf.ensure_shape(flat, merged)
   return flat[(slice(None),) * axis + (slice(0, n),)]

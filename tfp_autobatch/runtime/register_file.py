@@ -385,15 +385,12 @@ def _as_registers(leaves, axis):
   other leaves flattened per member (and transposed to rows) and cast."""
   pieces, run = [], []
   for leaf, slot in leaves + [(None, None)]:
-    if (slot is not None and not slot.event_shape
-        and (not run or run[0][1].dtype == slot.dtype)):
-      run.append((leaf, slot))
-      continue
-    if run:
+    scalar = slot is not None and not slot.event_shape
+    if run and not (scalar and run[0][1].dtype == slot.dtype):
       pieces.append(tf.cast(tf.stack([x for x, _ in run], axis=axis),
                             run[0][1].file))
       run = []
-    if slot is not None and not slot.event_shape:
+    if scalar:
       run.append((leaf, slot))
     elif slot is not None:
       flat = tf.cast(tf.reshape(leaf, [-1, slot.width]), slot.file)
