@@ -190,11 +190,19 @@ def test_members_first_orders_rows_as_a_stable_sort_by_membership_would():
 
 
 _FIXED_FACTOR = tf.linalg.cholesky(tf.constant([[4., 1.], [1., 3.]]))
+# A factor read from a variable: its value may change between calls, so
+# the work on it is not moved out of the VM's loop (`constant_work`).
+_VARIABLE_FACTOR = tf.Variable(_FIXED_FACTOR)
 
 
 @tab.batched_primitive
 def _solve_fixed(x):        # [n, 2]: against a fixed factor
   return tf.linalg.triangular_solve(_FIXED_FACTOR, x[..., None])[..., 0]
+
+
+@tab.batched_primitive
+def _solve_variable(x):     # [n, 2]: against a variable's factor
+  return tf.linalg.triangular_solve(_VARIABLE_FACTOR, x[..., None])[..., 0]
 
 
 @tab.batched_primitive
@@ -205,25 +213,34 @@ def _solve_own(x):          # [n, 2]: against a factor of each row's own
 
 
 _solve_fixed_repeatedly = repeated(_solve_fixed)
+_solve_variable_repeatedly = repeated(_solve_variable)
 _solve_own_repeatedly = repeated(_solve_own)
 
 
-def test_a_solve_against_a_fixed_matrix_is_named_under_xla(caplog):
+def test_work_on_a_fixed_matrix_that_stays_in_the_loop_is_named_under_xla(
+    caplog):
   # XLA moves work on constants alone (a fixed factor's triangular
   # inverse) out of a plain loop but not out of the conditionals the VM
-  # runs a batched primitive in, so under XLA the primitive's call redoes
-  # it every time: a warning names the op and the line that made it, once.
+  # runs a batched primitive in. The VM moves it before its loop
+  # (`constant_work`), except where the matrix is a variable's value;
+  # that work is redone at every call, and a warning names the op and the
+  # line that made it, once.
   x = tf.ones([5, 2])
   n = tf.constant([1, 2, 3, 0, 2])
-  want = _solve_fixed_repeatedly(x, n, backend="pc:graph")
+  want = _solve_variable_repeatedly(x, n, backend="pc:graph")
   assert "does not depend on its inputs" not in caplog.text
   for size in (5, 3):   # two traces, one warning
-    got = _solve_fixed_repeatedly(x[:size], n[:size], backend="pc:xla")
+    got = _solve_variable_repeatedly(x[:size], n[:size], backend="pc:xla")
     np.testing.assert_allclose(got, want[:size], rtol=1e-6)
   assert caplog.text.count("does not depend on its inputs") == 1
   assert "MatrixTriangularSolve (made at" in caplog.text
   assert "test_batched_primitive_calls.py:" in caplog.text
-  # A factor computed from the primitive's inputs is not such work.
+  # Moved out of the loop, the fixed factor's solve is not named.
   caplog.clear()
+  np.testing.assert_allclose(
+      _solve_fixed_repeatedly(x, n, backend="pc:xla"),
+      _solve_fixed_repeatedly(x, n, backend="pc:graph"), rtol=1e-6)
+  assert "does not depend on its inputs" not in caplog.text
+  # A factor computed from the primitive's inputs is not such work.
   _solve_own_repeatedly(x, n, backend="pc:xla")
   assert "does not depend on its inputs" not in caplog.text

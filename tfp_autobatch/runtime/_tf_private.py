@@ -22,6 +22,9 @@ upgrade breaks here; setup.py pins TensorFlow 2.21.
 - `matrix_work_on_constants`: a graph's matrix factorisations and solves
   of matrices that do not depend on its arguments
   (`batched_primitive_calls`).
+- `func_graph`, `is_stateful`, `calls_functions`, `reroute`: a function's
+  graph, read and rewired while it is traced, to move its work on fixed
+  matrices out of the VM's loop (`constant_work`).
 """
 import contextlib
 
@@ -94,6 +97,29 @@ def called_graphs(op, library):
   functions = (library._functions.get(n) for n in names)  # pylint: disable=protected-access
   return [f.graph for f in functions
           if f is not None and getattr(f, "graph", None) is not None]
+
+
+def is_stateful(op):
+  """Whether `op` has state or effects (a variable's read, a random draw):
+  not a function of its inputs alone."""
+  return op._is_stateful   # pylint: disable=protected-access
+
+
+def calls_functions(op):
+  """Whether `op` runs functions (a call, a loop, a conditional)."""
+  return any(value.HasField("func") or value.list.func
+             for value in op.node_def.attr.values())
+
+
+def reroute(tensor, replacement):
+  """Every operation that reads `tensor` (of a graph being built) reads
+  `replacement` instead."""
+  graph = tensor.graph
+  with graph._mutation_lock():   # pylint: disable=protected-access
+    for consumer in tensor.consumers():
+      for i, t in enumerate(consumer.inputs):
+        if t is tensor:
+          consumer._update_input(i, replacement)   # pylint: disable=protected-access
 
 
 # Operations that run a function an unknown number of times.
@@ -255,7 +281,10 @@ def matrix_work_on_constants(graph, library=None, dependent=None):
     return depends[tensor.op]
 
   found = []
+  live = _live_ops(graph)
   for op in graph.get_operations():
+    if op not in live:
+      continue   # left behind when the work moved (`constant_work`)
     if op.type in MATRIX_OPS and op.inputs and not depends_on_arguments(
         op.inputs[0]):
       found.append((op.type, _made_at(op)))
@@ -265,6 +294,22 @@ def matrix_work_on_constants(graph, library=None, dependent=None):
                  if depends_on_arguments(outer)}
         found += matrix_work_on_constants(called, library, inner)
   return found
+
+
+def _live_ops(graph):
+  """The operations of a function's graph that its outputs (or its
+  effects) depend on; every operation of another graph."""
+  if not isinstance(graph, func_graph.FuncGraph):
+    return set(graph.get_operations())
+  pending = [t.op for t in graph.outputs] + list(graph.control_outputs)
+  live = set()
+  while pending:
+    op = pending.pop()
+    if op not in live:
+      live.add(op)
+      pending.extend(t.op for t in op.inputs)
+      pending.extend(op.control_inputs)
+  return live
 
 
 def _made_at(op):

@@ -31,6 +31,7 @@ from tfp_autobatch.analysis import liveness
 from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import batched_primitive_calls
+from tfp_autobatch.runtime import constant_work
 from tfp_autobatch.analysis import raise_free
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
@@ -267,17 +268,19 @@ class BlockExecution:
       case _:
         raise errors.IRError(f"{self.block.label}: unknown IR-2 op {op!r}")
 
-  def kernel_of(self, op, rows=None):
+  def kernel_of(self, op, rows=None, move_into=None):
     """The kernel of `op` on batches of `rows` rows: the batch's own size
     for a primitive; for a `@batched_primitive` the rows it is called on,
     where they are a static size (under `pc:xla`, each of its buckets),
-    else any number."""
+    else any number. `move_into`: the graph a batched primitive's work
+    on fixed matrices moves into (`constant_work`)."""
     p = self.program
     if not op.batched:
       rows = self.static_z
     return self.runner.kernels.get(
         op, [p.types[v] for v in op.ins], [p.types[v] for v in op.outs],
-        batch_size=rows if isinstance(rows, int) else None)
+        batch_size=rows if isinstance(rows, int) else None,
+        move_into=move_into)
 
   def zeros(self, op):
     """Outputs where nothing was computed: zeros, which no member reads
@@ -298,19 +301,23 @@ class BlockExecution:
       return batched_primitive_calls.on_members_in_buckets_with_vjp(
           functools.partial(self.kernel_of, op), self.z,
           self.members(guard), ins, skip)
+    move_into = None
     if self.mode == "xla" or _tf_private.in_xla_context():
+      # XLA would redo the work on fixed matrices at every call: it moves
+      # before the VM's loop (`constant_work`); a warning names what stays.
+      move_into = constant_work.target()
       batched_primitive_calls.warn_of_matrix_work_on_constants(
-          self.kernel_of(op, self.static_z), op.code)
+          self.kernel_of(op, self.static_z, move_into), op.code)
     if self.mode == "xla":
       # Traced for each bucket's static size: XLA cannot compile some
       # models' gradients traced for any number of rows (TFP's
       # CorrelationCholesky bijector, as in LKJ models).
       return batched_primitive_calls.on_members_in_buckets(
-          functools.partial(self.kernel_of, op), self.z,
-          self.members(guard), ins, skip)
+          functools.partial(self.kernel_of, op, move_into=move_into),
+          self.z, self.members(guard), ins, skip)
     return batched_primitive_calls.on_members_exactly(
-        self.kernel_of(op), self.members(guard), ins, skip,
-        eager=self.mode == "eager")
+        self.kernel_of(op, move_into=move_into), self.members(guard), ins,
+        skip, eager=self.mode == "eager")
 
   def call_primitive(self, op, guard):
     """The values of another primitive, on every row. It runs on every

@@ -68,6 +68,7 @@ from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import block_runner
+from tfp_autobatch.runtime import constant_work
 from tfp_autobatch.runtime import no_gradient
 from tfp_autobatch.runtime import run_counters
 from tfp_autobatch.runtime import schedule as schedule_lib
@@ -390,7 +391,10 @@ class PcVmRuntime:
             and bool(tf.reduce_any(subscripts.faulted(small["index_fault"])))):
           break
     else:
-      _, state = self._loop(layout, state)
+      # A batched primitive's work on fixed matrices is computed here,
+      # before the loop, once a call (`constant_work`).
+      with constant_work.moving_into(tf.compat.v1.get_default_graph()):
+        _, state = self._loop(layout, state)
     small = self._small(layout, state)
     result = self._store.value(small["vars"][self.program.result],
                          self.program.result)

@@ -46,6 +46,7 @@ from tfp_autobatch.passes import infer_types
 from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import _xla
 from tfp_autobatch.runtime import batch_state
+from tfp_autobatch.runtime import constant_work
 from tfp_autobatch.runtime import pfor_conditions
 from tfp_autobatch.runtime._tf_private import pfor_impl as _pfor_impl
 
@@ -294,7 +295,7 @@ def _as_declared(op, ins, out_types):
 
 
 def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False,
-               model_constants=False):
+               model_constants=False, move_into=None):
   """`f(batch_size, *batched_ins) -> tuple of batched outs` for one Primitive.
 
   `inside_xla`: the kernel runs inside the VM's XLA computation, which
@@ -303,7 +304,8 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False,
   `pc:graph` inside a user's `jit_compile`), and the VM's loop cannot
   hold pfor's partitioned conditionals (`pfor_conditions`).
   `model_constants`: a batched primitive reads its small eager tensors
-  as constants (`KernelCache.get`)."""
+  as constants (`KernelCache.get`). `move_into`: the graph a batched
+  primitive's work on fixed matrices moves into (`constant_work`)."""
   if op.batched:
     def run_batched(n, *ins):
       with (_tf_private.eager_captures_as_constants() if model_constants
@@ -312,6 +314,7 @@ def batched_fn(op, out_types, inside_xla=False, compiled_by_xla=False,
           outs = op.code.fn(*ins)
         else:
           outs = _as_declared(op, ins, out_types)
+      outs = constant_work.move(outs, move_into)
       return _with_rows(tuple(conform(v, t) for v, t in zip(outs, out_types)),
                         n, op.code)
     return run_batched
@@ -368,9 +371,11 @@ class KernelCache:
     self.inside_xla = inside_xla
     self._kernels = {}
 
-  def get(self, op, in_types, out_types, batch_size=None):
+  def get(self, op, in_types, out_types, batch_size=None, move_into=None):
     """The kernel of `op` for inputs of `in_types`, on batches of
-    `batch_size` rows (None: any number, known only when it runs)."""
+    `batch_size` rows (None: any number, known only when it runs).
+    `move_into`: for a batched primitive, the graph its work on fixed
+    matrices moves into (`constant_work.target()`), or None."""
     # (A kernel traced for XLA, also the user's `jit_compile` around
     # pc:graph, vectorises conditionals differently: `pfor_conditions`.)
     compiled_by_xla = self.inside_xla or _tf_private.in_xla_context()
@@ -387,8 +392,10 @@ class KernelCache:
     # not serve a caller whose tape watches them.
     model_constants = (op.batched and compiled_by_xla
                        and not _tf_private.record.could_possibly_record())
+    if not op.batched:
+      move_into = None
     key = (op.code, op.batched, types_lib.hashable(tuple(in_types)),
-           batch_size, compiled_by_xla, model_constants)
+           batch_size, compiled_by_xla, model_constants, move_into)
     kernel = self._kernels.get(key)
     if kernel is None:
       signature = [tf.TensorSpec([], tf.int32)] + [
@@ -398,7 +405,8 @@ class KernelCache:
       # kernel on its own instead of all kernels as one function.
       kernel = self._kernels[key] = tf.function(
           functools.partial(batched_fn(op, out_types, self.inside_xla,
-                                       compiled_by_xla, model_constants)),
+                                       compiled_by_xla, model_constants,
+                                       move_into)),
           input_signature=signature, jit_compile=self.jit_compile,
           autograph=False)
     return kernel
