@@ -8,10 +8,11 @@ covariance) computes its log density with `tfd.MultivariateNormalTriL`: a
 triangular solve against a fixed Cholesky factor, which XLA does by
 inverting the factor (a loop) and multiplying. Work on constants alone
 runs once in `tfp.mcmc.NoUTurnSampler`, whose leapfrog loop XLA moves it
-out of, and at every gradient call in ours, whose calls run inside the
-VM's conditionals (docs/backends.md, "Work on constants in a batched
-primitive"). The same density written against the factor's inverse,
-computed once outside the target, has no such work.
+out of; ours runs its calls inside the VM's conditionals, out of which
+XLA moves nothing, so the VM moves that work before its loop itself
+(docs/backends.md, "Work on constants in a batched primitive"). The same
+density written against the factor's inverse, computed once outside the
+target, has no such work: the two targets should take the same time.
 
 For each target ("model": the model's own density; "inverse factor": the
 rewritten one), number of chains and kernel, one NUTS transition compiled
