@@ -126,6 +126,10 @@ def test_float_ops_estimates_a_graph_with_its_calls_and_branches():
   # An operation it has no count for counts an operation per element of
   # its outputs (`tf.ones` above is a constant: none).
   assert ops_of(tf.exp, matrix) == 4 * 30
+  # An operation whose result no output reads (work moved out of a
+  # kernel, `constant_work`) counts nothing.
+  assert ops_of(lambda x: [tf.matmul(x, tf.ones([30, 20])), tf.exp(x)][1],
+                matrix) == 4 * 30
 
   @tf.function(autograph=False)
   def inner(x):

@@ -138,12 +138,16 @@ def float_ops(graph, library=None):
   reductions, matrix products) count as it counts them; any other that
   computes something counts one per element of its outputs of known
   shape; a call counts its
-  function's operations, a conditional its costliest branch. `library`:
+  function's operations, a conditional its costliest branch; an operation
+  whose result no output reads counts nothing. `library`:
   the graph that holds the functions called (`called_graphs`), `graph`
   itself at the top."""
   library = graph if library is None else library
   total = 0
+  live = _live_ops(graph)
   for op in graph.get_operations():
+    if op not in live:
+      continue   # computes nothing the outputs read (`constant_work`)
     if op.type in _LOOPS:
       return None
     if op.type in _FREE:

@@ -18,12 +18,13 @@ as a captured value:
 * an operation of `MATRIX_OPS` (a factorisation, an inversion, a solve, a
   determinant) whose inputs depend on constants alone, with everything it
   depends on;
-* the inverse of the matrix of a triangular solve whose matrix depends on
-  constants alone and whose right-hand side does not, for matrices of at
-  most `MAX_INVERTED` rows: the solve becomes a product with that
-  inverse, which is what XLA's own lowering computes at every call (it
-  inverts the diagonal blocks of `MAX_INVERTED` rows, here the whole
-  matrix, and multiplies).
+* the inverse of the matrix of a solve (triangular or general) whose
+  matrix depends on constants alone and whose right-hand side does not,
+  for matrices of at most `MAX_INVERTED` rows: the solve becomes a
+  product with that inverse. For a triangular solve that is what XLA's
+  own lowering computes at every call (it inverts the diagonal blocks of
+  `MAX_INVERTED` rows, here the whole matrix, and multiplies); a general
+  one it factorises (LU) first.
 
 "Constants" are the kernel's constants and the values it captures from
 outside the VM (a model's eager tensors, tensors of the caller's
@@ -39,8 +40,8 @@ import tensorflow as tf
 
 from tfp_autobatch.runtime import _tf_private
 
-# The largest matrix (rows) whose triangular solves become products with
-# its inverse: XLA's lowering of a triangular solve inverts diagonal blocks
+# The largest matrix (rows) whose solves become products with its
+# inverse: XLA's lowering of a triangular solve inverts diagonal blocks
 # of this size, so up to it the inverse is the one XLA computes anyway;
 # past it a solve keeps XLA's blocked substitution, which is more accurate
 # for an ill-conditioned matrix than a product with its whole inverse.
@@ -48,6 +49,10 @@ MAX_INVERTED = 128
 
 # The name scope of what moves (its copies in the graph before the loop).
 _SCOPE = "fixed_matrix_work"
+
+# The solves `solve(matrix, rhs, adjoint)` that become products with the
+# matrix's inverse where the matrix is fixed and the rhs is not.
+_SOLVES = ("MatrixTriangularSolve", "MatrixSolve")
 
 _TARGET = contextvars.ContextVar("tfp_autobatch_constant_work_target",
                                  default=None)
@@ -156,7 +161,7 @@ class _Mover:
     # Fixed matrix work that the rest of the kernel reads, or returns.
     moved = [t for t in read if self.fixed[t.op] and self.work[t.op]]
     solves = [op for op in ops
-              if op.type == "MatrixTriangularSolve" and not self.fixed[op]
+              if op.type in _SOLVES and not self.fixed[op]
               and self.fixed[op.inputs[0].op] and _invertible(op.inputs[0])]
     if not moved and not solves:
       return {}
@@ -209,9 +214,11 @@ class _Mover:
     return self.outer[tensor.ref()]
 
   def _inverse(self, solve):
-    """The inverse of `solve`'s (fixed, triangular) matrix, in `into`."""
+    """The inverse of `solve`'s (fixed) matrix, in `into`."""
     matrix = self._copy(solve.inputs[0])
     with tf.name_scope(_SCOPE):
+      if solve.type == "MatrixSolve":
+        return tf.linalg.inv(matrix)
       identity = tf.eye(matrix.shape[-1],
                         batch_shape=matrix.shape[:-2].as_list(),
                         dtype=matrix.dtype)
@@ -220,7 +227,7 @@ class _Mover:
 
 
 def _invertible(matrix):
-  """Whether a fixed triangular solve's matrix is inverted instead: its
-  shape known, at most `MAX_INVERTED` rows."""
+  """Whether a fixed solve's matrix is inverted instead: its shape known,
+  at most `MAX_INVERTED` rows."""
   return (matrix.shape.is_fully_defined()
           and matrix.shape[-1] <= MAX_INVERTED)
