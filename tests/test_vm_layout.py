@@ -12,6 +12,9 @@ import tfp_autobatch as tab
 from tfp_autobatch import errors
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import block_runner
+from tfp_autobatch.runtime import dispatch
+from tfp_autobatch.runtime import register_file
+from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import pc_vm
 from tfp_autobatch.runtime import vm_layout
 
@@ -192,6 +195,26 @@ def test_blocks_pad_bank_writes_only_to_their_own_dispatchs_largest():
   graph = pipeline.runtime(_three_then_one, _three_then_one._last_types,  # pylint: disable=protected-access
                            "pc:graph")
   assert len(graph.layout_for(3).dispatches) == 1
+
+
+def test_a_blocks_dispatch_is_classed_by_its_largest_bank_write():
+  # NUTS's leaf block on a 32-d model writes 8 [32] vectors and 3 scalars,
+  # a trajectory's doubling 13 [32] vectors. Classed by the sum of the
+  # elements written (259 and 416: one power of two), the leaf block
+  # shared the doubling's dispatch and padded its writes to 13 rows; by
+  # its largest bank (256) it has a dispatch of its own.
+  z = 64
+  example = ([tf.TensorSpec([z, 32], tf.float32)] * 13
+             + [tf.TensorSpec([z], tf.float32)] * 3)
+  banks = register_file.RegisterBanks(example)
+  stacks = stack_banks.StackBanks({}, depth=4)
+  leaf = set(range(8)) | {13, 14, 15}
+  doubling = set(range(13))
+  dispatches = dispatch.group_blocks([leaf, doubling], [[], []], banks,
+                                     stacks, z, pack=True)
+  capacity = {d.blocks: d.bank_capacity[("float32", (32,))]
+              for d in dispatches}
+  assert capacity == {(0,): 8, (1,): 13}
 
 
 @tab.batch

@@ -11,12 +11,17 @@ loop of its own (see `pc_vm`), and a block pads its writes only to its
 dispatch's largest writer.
 
 A block's class is the pair of powers of two at or above the elements
-per member it writes to the register banks and to the stack banks. The
-two are classed apart: a block that pushes much and writes few registers
-(NUTS's block after a first half: 8 [d] vectors pushed, 3 written) would
-pad its register writes to a block writing many (a trajectory's doubling,
-16) if one sum classed them together. One dispatch per exact write size
-was tried and was no faster: the extra loops cost what the padding saved.
+per member it writes to its largest register bank and to the stack banks.
+The two are classed apart: a block that pushes much and writes few
+registers (NUTS's block after a first half: 8 [d] vectors pushed, 3
+written) would pad its register writes to a block writing many (a
+trajectory's doubling, 16) if one sum classed them together. The
+registers by their largest bank, not their sum: the padding that costs
+is the large bank's rows, and NUTS's leaf block on a 32-d model (8 [32]
+vectors and 3 scalars, 259 elements) summed into the class of a block
+writing 13 [32] vectors and padded its writes to 13 rows. One dispatch
+per exact write size was tried and was no faster: the extra loops cost
+what the padding saved.
 """
 import collections
 
@@ -60,11 +65,12 @@ def group_blocks(changed, pushed, banks, stacks, batch_size, pack):
   classes = [(0, 0)] * num_blocks
   if pack and stacks.enabled:
     for i in range(num_blocks):
-      classes[i] = tuple(
+      classes[i] = (
+          size_class(max([n * int(np.prod(key[1], dtype=np.int64))
+                          for key, n in banks.written(changed[i]).items()],
+                         default=0)),
           size_class(sum(n * int(np.prod(key[1], dtype=np.int64))
-                         for key, n in written.items()))
-          for written in (banks.written(changed[i]),
-                          stacks.written(pushed[i])))
+                         for key, n in stacks.written(pushed[i]).items())))
   members = {}   # class -> its blocks, in order
   for i, c in enumerate(classes):
     members.setdefault(c, []).append(i)
