@@ -89,14 +89,20 @@ def called_graphs(op, library):
   `library`, which holds them (a traced function's graph holds every
   function called within it, at any depth). A graph also holds functions
   it never calls, which XLA never compiles."""
+  functions = (library._functions.get(n) for n in _called_names(op))  # pylint: disable=protected-access
+  return [f.graph for f in functions
+          if f is not None and getattr(f, "graph", None) is not None]
+
+
+def _called_names(op):
+  """The names of the functions `op` calls, from its function-valued
+  attributes."""
   names = []
   for value in op.node_def.attr.values():
     if value.HasField("func"):
       names.append(value.func.name)
     names.extend(f.name for f in value.list.func)
-  functions = (library._functions.get(n) for n in names)  # pylint: disable=protected-access
-  return [f.graph for f in functions
-          if f is not None and getattr(f, "graph", None) is not None]
+  return names
 
 
 def is_stateful(op):
@@ -107,8 +113,7 @@ def is_stateful(op):
 
 def calls_functions(op):
   """Whether `op` runs functions (a call, a loop, a conditional)."""
-  return any(value.HasField("func") or value.list.func
-             for value in op.node_def.attr.values())
+  return bool(_called_names(op))
 
 
 def reroute(tensor, replacement):

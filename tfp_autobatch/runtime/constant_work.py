@@ -104,8 +104,7 @@ class _Mover:
 
   def __init__(self, graph, into):
     self.graph, self.into = graph, into
-    self.external = {internal.ref(): external
-                     for external, internal in graph.captures}
+    self.external = _captured_values(graph)
     self.above = []      # `into` and the graphs it is nested in
     g = into
     while g is not None:
@@ -115,7 +114,9 @@ class _Mover:
     self.work = {}       # fixed op -> its result is (or reads) matrix work
     self.outer = {}      # tensor ref -> its value in `into`
     self.roots = {}      # capture placeholder ref -> its value above the loop
-    for op in graph.get_operations():   # in creation order: inputs first
+    self.order = {}      # op -> its place in creation order: inputs first
+    for op in graph.get_operations():
+      self.order[op] = len(self.order)
       fixed = self._fixed(op)
       self.fixed[op] = fixed
       if fixed:
@@ -148,18 +149,20 @@ class _Mover:
         return value
       if not isinstance(graph, _tf_private.func_graph.FuncGraph):
         return None
-      value = {i.ref(): e for e, i in graph.captures}.get(value.ref())
+      value = _captured_values(graph).get(value.ref())
     return None
 
   def move(self, outs):
     """{tensor ref: its replacement in the kernel graph}, for `outs` (the
     kernel's results) to swap in; the kernel graph's readers are
     rewired."""
-    ops = self.graph.get_operations()
+    ops = list(self.order)
     read = [t for op in ops if not self.fixed[op] for t in op.inputs] + [
         t for t in outs if t.graph is self.graph]
-    # Fixed matrix work that the rest of the kernel reads, or returns.
-    moved = [t for t in read if self.fixed[t.op] and self.work[t.op]]
+    # Fixed matrix work that the rest of the kernel reads, or returns, once
+    # each.
+    moved = list({t.ref(): t for t in read
+                  if self.fixed[t.op] and self.work[t.op]}.values())
     solves = [op for op in ops
               if op.type in _SOLVES and not self.fixed[op]
               and self.fixed[op.inputs[0].op] and _invertible(op.inputs[0])]
@@ -167,13 +170,12 @@ class _Mover:
       return {}
     replaced = {}
     with self.into.as_default(), self.into.control_dependencies(None):
-      values = {t.ref(): self._copy(t) for t in moved}
+      values = [self._copy(t) for t in moved]
       inverses = [self._inverse(op) for op in solves]
     with self.graph.as_default():
-      for t in moved:
-        if t.ref() not in replaced:
-          replaced[t.ref()] = self.graph.capture(values[t.ref()])
-          _tf_private.reroute(t, replaced[t.ref()])
+      for t, value in zip(moved, values):
+        replaced[t.ref()] = self.graph.capture(value)
+        _tf_private.reroute(t, replaced[t.ref()])
       for op, inverse in zip(solves, inverses):
         product = tf.linalg.matmul(self.graph.capture(inverse), op.inputs[1],
                                    adjoint_a=op.get_attr("adjoint"))
@@ -197,8 +199,7 @@ class _Mover:
       seen.add(op)
       cone.append(op)
       pending.extend(t.op for t in op.inputs)
-    order = {op: i for i, op in enumerate(self.graph.get_operations())}
-    for op in sorted(cone, key=order.get):
+    for op in sorted(cone, key=self.order.get):
       if op.type == "Placeholder":
         self.outer[op.outputs[0].ref()] = self.into.capture(
             self.roots[op.outputs[0].ref()])
@@ -224,6 +225,11 @@ class _Mover:
                         dtype=matrix.dtype)
       return tf.linalg.triangular_solve(matrix, identity,
                                         lower=solve.get_attr("lower"))
+
+
+def _captured_values(graph):
+  """{a capture's placeholder in `graph` (its ref): the value captured}."""
+  return {internal.ref(): external for external, internal in graph.captures}
 
 
 def _invertible(matrix):

@@ -46,6 +46,13 @@ def size_class(elements):
   return int(elements - 1).bit_length() if elements else 0
 
 
+def _elements(written):
+  """Per bank of `written` ({bank key: rows}), the elements per member
+  its rows hold."""
+  return [n * int(np.prod(key[1], dtype=np.int64))
+          for key, n in written.items()]
+
+
 def group_blocks(changed, pushed, banks, stacks, batch_size, pack):
   """The blocks split into dispatches, one per class of what they write
   back, each with its bank writes sized for its own blocks.
@@ -66,11 +73,8 @@ def group_blocks(changed, pushed, banks, stacks, batch_size, pack):
   if pack and stacks.enabled:
     for i in range(num_blocks):
       classes[i] = (
-          size_class(max([n * int(np.prod(key[1], dtype=np.int64))
-                          for key, n in banks.written(changed[i]).items()],
-                         default=0)),
-          size_class(sum(n * int(np.prod(key[1], dtype=np.int64))
-                         for key, n in stacks.written(pushed[i]).items())))
+          size_class(max(_elements(banks.written(changed[i])), default=0)),
+          size_class(sum(_elements(stacks.written(pushed[i])))))
   members = {}   # class -> its blocks, in order
   for i, c in enumerate(classes):
     members.setdefault(c, []).append(i)
