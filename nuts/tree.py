@@ -221,7 +221,14 @@ def make_program(logp_and_grad, max_tree_depth, unrolled_leapfrog_steps,
       # is called from two places only. Writing it out down to four leaves
       # halves the VM steps but barely changes time at one chain, slows
       # many chains (four gradient call sites) and compiles longer, so it
-      # is not done (`python -m benchmarks.nuts_vm_steps`).
+      # is not done (`python -m benchmarks.nuts_vm_steps`). Nor is
+      # walking a subtree's left spine with a loop (the subtree of depth
+      # k + 1 as the one of depth k merged with a sibling of depth k built
+      # after it), which makes each merge and the next sibling's call one
+      # block and also halves the VM steps: both of its blocks then carry
+      # a merge, a call and its saves, and the larger register writes,
+      # into which XLA fuses the merge's per-chain tests again for every
+      # element, cost more than the steps saved from 16 chains on.
       first = leaf(q, p, grad, eps, h0)
       if depth == 0 or not first.ok:
         return first
