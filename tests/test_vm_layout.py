@@ -13,9 +13,9 @@ from tfp_autobatch import errors
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import block_runner
 from tfp_autobatch.runtime import dispatch
+from tfp_autobatch.runtime import pc_vm
 from tfp_autobatch.runtime import register_file
 from tfp_autobatch.runtime import stack_banks
-from tfp_autobatch.runtime import pc_vm
 from tfp_autobatch.runtime import vm_layout
 
 INT32 = tf.int32
