@@ -23,7 +23,21 @@ if _TESTS_DIR not in sys.path:
   sys.path.insert(0, _TESTS_DIR)
 
 
+def _write_arviz_daily_stamp():
+  """Imports ArviZ once, here, so that it writes its once-a-day stamp file
+  before pytest-xdist's workers start: ArviZ 0.23 writes the stamp on
+  import through a temporary file of a fixed name, and two workers
+  importing it at once on a new day could both write and rename that
+  file, failing one worker's collection with FileNotFoundError."""
+  import warnings  # pylint: disable=import-outside-toplevel
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)
+    import arviz  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+
 def pytest_configure(config):
+  if not hasattr(config, "workerinput"):   # the controller, or no xdist
+    _write_arviz_daily_stamp()
   config.addinivalue_line(
       "markers", "slow: takes more than ~10 s; deselect with -m 'not slow'")
   config.addinivalue_line(
