@@ -37,7 +37,7 @@ import tensorflow_probability as tfp
 
 from benchmarks import ess_harness
 from benchmarks import ess_models
-from benchmarks import nuts_profile
+from benchmarks import xla_profile
 
 FLAGS = flags.FLAGS
 
@@ -116,7 +116,7 @@ def measure(system, model, num_chains, steps_per_call, top):
   timed("repeat", run, results, seed)
   hlo = advance.experimental_get_compiler_ir(init, results, seed)(
       stage="hlo")
-  events = event_seconds(nuts_profile.read_profile(logdir))
+  events = event_seconds(xla_profile.read_profile(logdir))
   costliest = sorted(events.items(), key=lambda kv: -kv[1][0])[:top]
   return {
       "system": system, "model": model.name, "num_chains": num_chains,

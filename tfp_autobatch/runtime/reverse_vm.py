@@ -30,6 +30,13 @@ import tensorflow as tf
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
 
+# The name scopes of block i's ops: in the recording run, RECORDING_SCOPE
+# + i; in the backward step, BACKWARD_SCOPE + i (for profiles, as
+# `pc_vm.BLOCK_SCOPE`: XLA keeps TensorFlow's op names in its
+# instructions' metadata; `benchmarks.neural_profile` reads them).
+RECORDING_SCOPE = "vm_recording_block_"
+BACKWARD_SCOPE = "vm_backward_block_"
+
 
 def _is_float(x):
   return x.dtype.is_floating or x.dtype.is_complex
@@ -181,26 +188,27 @@ class ReverseVm:
     reads), as a conditional's branch: the backward step runs the block
     again on these rows, and needs no stacks."""
     def run():
-      leaf_of = _stack_leaves(state["stacks"], layout.stacks.names)
-      found = collections.defaultdict(list)
-      def on_read(stack, sp, rows):
-        del sp
-        for leaf, values in zip(tf.nest.flatten(stack),
-                                tf.nest.flatten(rows)):
-          if id(leaf) in leaf_of:
-            found[leaf_of[id(leaf)]].append(values)
-      with stack_banks.reads_observed(on_read):
-        registers, writes = self.runtime.block_outputs(layout, i, state)
-      reads = {}
-      for name in layout.stacks.names:
-        for j, leaf in enumerate(tf.nest.flatten(state["stacks"][name])):
-          key = (name, j)
-          values = found.get(key, [])
-          learned = self.learned["reads"]
-          learned[key] = max(learned.get(key, 0), len(values))
-          n = self._slots(key)
-          reads[key] = (values + [tf.zeros_like(leaf[0])] * n)[:n]
-      return registers, writes, reads
+      with tf.name_scope(f"{RECORDING_SCOPE}{i}"):
+        leaf_of = _stack_leaves(state["stacks"], layout.stacks.names)
+        found = collections.defaultdict(list)
+        def on_read(stack, sp, rows):
+          del sp
+          for leaf, values in zip(tf.nest.flatten(stack),
+                                  tf.nest.flatten(rows)):
+            if id(leaf) in leaf_of:
+              found[leaf_of[id(leaf)]].append(values)
+        with stack_banks.reads_observed(on_read):
+          registers, writes = self.runtime.block_outputs(layout, i, state)
+        reads = {}
+        for name in layout.stacks.names:
+          for j, leaf in enumerate(tf.nest.flatten(state["stacks"][name])):
+            key = (name, j)
+            values = found.get(key, [])
+            learned = self.learned["reads"]
+            learned[key] = max(learned.get(key, 0), len(values))
+            n = self._slots(key)
+            reads[key] = (values + [tf.zeros_like(leaf[0])] * n)[:n]
+        return registers, writes, reads
     return run
 
   def _result_adjoint(self, layout, end, upstream):
@@ -253,6 +261,10 @@ class ReverseVm:
       it, of the rows it read (in the plan's slots) and of the variables;
       `written` holds, per stack, the adjoints of the values the block
       wrote, `recorded` the rows it read."""
+      with tf.name_scope(f"{BACKWARD_SCOPE}{i}"):
+        return taken_back(i, state, adjoint_registers, written, recorded)
+
+    def taken_back(i, state, adjoint_registers, written, recorded):
       sources = _float_leaves(state["registers"])
       leaf_of = _stack_leaves(state["stacks"], names)
       taken = collections.Counter()
@@ -291,6 +303,9 @@ class ReverseVm:
       register_grads = [_dense(g, x) for g, x in
                         zip(grads[:len(sources)], sources)]
       read_grads = grads[len(sources):len(sources) + len(reads)]
+      for k, g in enumerate(grads[len(sources) + len(reads):]):
+        if g is not None:
+          contributing[k].add(i)
       variable_grads = [
           self._contribution(k, g, v) for k, (g, v) in
           enumerate(zip(grads[len(sources) + len(reads):], variables))]
@@ -344,9 +359,12 @@ class ReverseVm:
         for sp, g in entries:
           leaves[f] = stack_banks.add_at_rows(leaves[f], sp, g)
         adjoint_stacks[name] = leaves
-      totals = [_added(total, g) for total, g in zip(totals, grads)]
+      totals = [_added(total, g, i, contributing[k], blocks)
+                for k, (total, g) in enumerate(zip(totals, grads))]
       return t, adjoint_registers, adjoint_stacks, totals
 
+    # {variable's position: the blocks whose step has a gradient of it}.
+    contributing = collections.defaultdict(set)
     totals = [tf.zeros_like(v) for v in variables]
     _, adjoint_registers, adjoint_stacks, totals = tf.while_loop(
         lambda t, *_: t > 0, body,
@@ -388,13 +406,26 @@ class ReverseVm:
 DENSE = "dense"
 
 
-def _added(total, gradient):
+def _added(total, gradient, block, contributing, blocks):
   """`total` plus one step's gradient: dense, or rows at their indices
-  (`ReverseVm._contribution`), added in place under XLA."""
+  (`ReverseVm._contribution`), added in place under XLA.
+
+  A dense gradient is added only at a step whose block has one
+  (`contributing`, the blocks' indices; `block`, the step's): the other
+  blocks return zeros, and adding a weight matrix's zeros at every step
+  read and wrote the whole matrix each time."""
   if isinstance(gradient, tuple):
     indices, values = gradient
     return tf.tensor_scatter_nd_add(total, indices[:, None], values)
-  return total + gradient
+  if not contributing:
+    return total
+  if contributing >= set(blocks):
+    return total + gradient
+  adds = tf.gather(tf.constant([int(b in contributing) for b in blocks]),
+                   block)
+  _, total = tf.while_loop(lambda n, _: n > 0,
+                           lambda n, x: (n - 1, x + gradient), (adds, total))
+  return total
 
 
 def _stack_leaves(stacks, names):
