@@ -24,6 +24,7 @@ their adjoint to the values written, the rows its block read get the
 reads' adjoints, and the other rows' flow on to the earlier steps.
 """
 import collections
+import functools
 
 import tensorflow as tf
 
@@ -344,15 +345,17 @@ class ReverseVm:
         adjoint_stacks[name] = [
             stack_banks.add_at_rows(leaf, row, -w)
             for leaf, w in zip(leaves, written[name])]
-      recorded = {key: [a.read(t) for a in arrays]
-                  for key, arrays in record["reads"].items()}
-      state = dict(
-          end, registers=tf.nest.pack_sequence_as(
-              register_structure, [a.read(t) for a in record["registers"]]))
+      # The record is read inside the conditional, in each block's branch,
+      # where XLA drops the reads the block does not use: a block that
+      # leaves a register alone needs its adjoint, not its value.
+      def taken_back_from_record(i):
+        recorded = {key: [a.read(t) for a in arrays]
+                    for key, arrays in record["reads"].items()}
+        state = dict(end, registers=tf.nest.pack_sequence_as(
+            register_structure, [a.read(t) for a in record["registers"]]))
+        return step_adjoint(i, state, adjoint_registers, written, recorded)
       adjoint_registers, filled, grads = tf.switch_case(i, [
-          (lambda i=i: step_adjoint(i, state, adjoint_registers, written,
-                                    recorded))
-          for i in blocks])
+          functools.partial(taken_back_from_record, i) for i in blocks])
       for key, entries in zip(float_keys, filled):
         name, f = key[0], float_place[key]
         leaves = list(adjoint_stacks[name])
