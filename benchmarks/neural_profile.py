@@ -117,7 +117,7 @@ def profile(workload, batch_size, batched_cells, warmup, repeats,
 
 def report(record, top):
   """The record as text: places, then the costliest kernels."""
-  lines = [
+  return xla_profile.report(
       f"{record['workload']} batch={record['batch_size']} "
       f"cells={record['cells']} on {BACKEND}: {record['forward_steps']} "
       f"forward VM steps, {record['backward_steps']} recorded and taken "
@@ -125,11 +125,7 @@ def report(record, top):
       f"{record['repeats']}; {record['profiled_step_ms']:.1f} ms "
       f"profiled; first call {record['first_call_ms'] / 1e3:.1f} s), "
       f"{record['kernel_ms_per_step']:.1f} ms of XLA kernels (summed over "
-      "threads)",
-      ""]
-  lines += xla_profile.tables(record["places"], record["kernels"], top,
-                              per="step")
-  return "\n".join(lines)
+      "threads)", record, top, per="step")
 
 
 # Command line. Flags are defined only when run as a program, so importing
@@ -158,12 +154,7 @@ def define_flags(flag_values=None):
                        flag_values=fv)
   flags.DEFINE_integer("warmup", 1, "Untimed gradients after the first.",
                        flag_values=fv)
-  flags.DEFINE_integer("repeats", 5, "Gradients timed, then as many "
-                       "profiled.", flag_values=fv)
-  flags.DEFINE_integer("top", 25, "Kernels listed, the costliest first.",
-                       flag_values=fv)
-  flags.DEFINE_string("output", None, "JSON file for the profile.",
-                      flag_values=fv)
+  xla_profile.define_report_flags(fv, "Gradients")
   return fv
 
 

@@ -89,18 +89,14 @@ def profile(problem, chains, num_trajectories, warmup, repeats):
 
 def report(record, top):
   """The record as text: places, then the costliest kernels."""
-  lines = [
+  return xla_profile.report(
       f"{record['problem']} d={record['num_dims']} "
       f"chains={record['batch_size']} "
       f"k={record['num_trajectories_per_step']}: {record['vm_steps']} VM "
       f"steps, {record['transition_ms']:.2f} ms a transition (median of "
       f"{record['repeats']}; {record['profiled_transition_ms']:.2f} ms "
       f"profiled), {record['kernel_ms_per_transition']:.2f} ms of XLA "
-      "kernels (summed over threads)",
-      ""]
-  lines += xla_profile.tables(record["places"], record["kernels"], top,
-                              per="transition")
-  return "\n".join(lines)
+      "kernels (summed over threads)", record, top, per="transition")
 
 
 # Command line. Flags are defined only when run as a program, so importing
@@ -111,13 +107,7 @@ def define_flags(flag_values=None):
   fv = flags.FLAGS if flag_values is None else flag_values
   nuts_vm_steps.define_transition_flags(fv)
   flags.DEFINE_integer("batch_size", 64, "Number of chains.", flag_values=fv)
-  flags.DEFINE_integer("repeats", 5,
-                       "Transitions timed, then as many profiled.",
-                       flag_values=fv)
-  flags.DEFINE_integer("top", 25, "Kernels listed, the costliest first.",
-                       flag_values=fv)
-  flags.DEFINE_string("output", None, "JSON file for the profile.",
-                      flag_values=fv)
+  xla_profile.define_report_flags(fv, "Transitions")
   return fv
 
 

@@ -277,3 +277,22 @@ def tables(places, kernels, top, per):
                  f"{k[f'us_per_{per}']:>14.1f} {k['us_per_call']:>8.1f}"
                  f"  {k['hlo']}")
   return lines
+
+
+def report(summary, record, top, per):
+  """A profiling program's report: its `summary` line, then the tables of
+  `record["places"]` and `record["kernels"]`."""
+  return "\n".join([summary, ""] + tables(record["places"],
+                                          record["kernels"], top, per))
+
+
+def define_report_flags(flag_values, work):
+  """The flags every profiling program has: --repeats (of `work`, a
+  plural noun: "Transitions"), --top and --output."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_integer("repeats", 5, f"{work} timed, then as many "
+                       "profiled.", flag_values=flag_values)
+  flags.DEFINE_integer("top", 25, "Kernels listed, the costliest first.",
+                       flag_values=flag_values)
+  flags.DEFINE_string("output", None, "JSON file for the profile.",
+                      flag_values=flag_values)

@@ -4,7 +4,8 @@ in reverse, each differentiated alone.
 `pc:xla`'s backward pass (`xla_gradient`) runs the VM forward again, as
 `pc:graph` traces it, for at most a bound of steps, and records what each
 step's block needs to run again: its index, the registers it started
-from, the stack rows it read, and the rows it wrote. A second loop then
+from (each register's values by version: `register_record`), the stack
+rows it read, and the rows it wrote. A second loop then
 walks the steps backwards. At each it runs the step's block once more, on
 the recorded registers and rows, under a tape of its own, which turns the
 adjoint of the state after the block into the adjoint of the state before
@@ -28,6 +29,7 @@ import functools
 
 import tensorflow as tf
 
+from tfp_autobatch.runtime import register_record
 from tfp_autobatch.runtime import stack_banks
 from tfp_autobatch.runtime import vectorize
 
@@ -141,10 +143,14 @@ class ReverseVm:
     def array(shape, dtype):
       return tf.TensorArray(dtype, size=bound, element_shape=shape)
 
+    registers = register_record.RegisterRecord(
+        tf.nest.flatten(start["registers"]), rt.program.halt, bound)
+    register_arrays, versions = registers.start(
+        tf.nest.flatten(start["registers"]))
     record = {
         "block": array([], tf.int32),
-        "registers": [array(r.shape, r.dtype)
-                      for r in tf.nest.flatten(start["registers"])],
+        "registers": register_arrays,
+        "versions": versions,
         "written": {name: (array([z], tf.int32), array([z], tf.bool))
                     for name in names},
         "reads": {(name, j): [array(leaf.shape[1:], leaf.dtype)
@@ -156,11 +162,11 @@ class ReverseVm:
     def body(t, nxt, state, record):
       record = dict(record)
       record["block"] = record["block"].write(t, nxt)
-      record["registers"] = [
-          a.write(t, r) for a, r in
-          zip(record["registers"], tf.nest.flatten(state["registers"]))]
-      new_registers, writes, reads = tf.switch_case(nxt, [
-          self._recording(layout, i, state) for i in blocks])
+      new_registers, writes, reads, record["registers"] = tf.switch_case(
+          nxt, [self._recording(layout, i, state, registers,
+                                record["registers"], record["versions"])
+                for i in blocks])
+      record["versions"] = registers.after(record["versions"], nxt)
       record["written"] = {
           name: (rows.write(t, writes[name].row),
                  masks.write(t, writes[name].mask))
@@ -181,13 +187,15 @@ class ReverseVm:
     steps, nxt, end, record = tf.while_loop(
         running, body, (tf.constant(0), rt.next_block(layout, start), start,
                         record))
-    return steps, nxt, end, record
+    return steps, nxt, end, dict(record, register_record=registers)
 
-  def _recording(self, layout, i, state):
-    """Block i's `block_outputs` on `state` and the stack rows it read,
+  def _recording(self, layout, i, state, registers, arrays, versions):
+    """Block i's `block_outputs` on `state`, the stack rows it read,
     `{(stack, leaf): [rows, ...]}` in the plan's slots (zeros past its
-    reads), as a conditional's branch: the backward step runs the block
-    again on these rows, and needs no stacks."""
+    reads), and the register record's `arrays` with the registers it
+    wrote (`registers`, the `RegisterRecord`, at `versions`), as a
+    conditional's branch: the backward step runs the block again on
+    these registers and rows, and needs no stacks."""
     def run():
       with tf.name_scope(f"{RECORDING_SCOPE}{i}"):
         leaf_of = _stack_leaves(state["stacks"], layout.stacks.names)
@@ -199,7 +207,10 @@ class ReverseVm:
             if id(leaf) in leaf_of:
               found[leaf_of[id(leaf)]].append(values)
         with stack_banks.reads_observed(on_read):
-          registers, writes = self.runtime.block_outputs(layout, i, state)
+          after, writes = self.runtime.block_outputs(layout, i, state)
+        arrays_after = registers.written(
+            i, arrays, versions, tf.nest.flatten(state["registers"]),
+            tf.nest.flatten(after))
         reads = {}
         for name in layout.stacks.names:
           for j, leaf in enumerate(tf.nest.flatten(state["stacks"][name])):
@@ -209,7 +220,7 @@ class ReverseVm:
             learned[key] = max(learned.get(key, 0), len(values))
             n = self._slots(key)
             reads[key] = (values + [tf.zeros_like(leaf[0])] * n)[:n]
-        return registers, writes, reads
+        return after, writes, reads, arrays_after
     return run
 
   def _result_adjoint(self, layout, end, upstream):
@@ -321,7 +332,9 @@ class ReverseVm:
         filled.append(mine)
       return register_grads, filled, variable_grads
 
-    def body(t, adjoint_registers, adjoint_stacks, totals):
+    registers = record["register_record"]
+
+    def body(t, adjoint_registers, adjoint_stacks, totals, versions):
       t = t - 1
       i = record["block"].read(t)
       adjoint_stacks = dict(adjoint_stacks)
@@ -352,7 +365,8 @@ class ReverseVm:
         recorded = {key: [a.read(t) for a in arrays]
                     for key, arrays in record["reads"].items()}
         state = dict(end, registers=tf.nest.pack_sequence_as(
-            register_structure, [a.read(t) for a in record["registers"]]))
+            register_structure, registers.values(
+                record["registers"], registers.before(versions, i))))
         return step_adjoint(i, state, adjoint_registers, written, recorded)
       adjoint_registers, filled, grads = tf.switch_case(i, [
           functools.partial(taken_back_from_record, i) for i in blocks])
@@ -364,14 +378,16 @@ class ReverseVm:
         adjoint_stacks[name] = leaves
       totals = [_added(total, g, i, contributing[k], blocks)
                 for k, (total, g) in enumerate(zip(totals, grads))]
-      return t, adjoint_registers, adjoint_stacks, totals
+      versions = registers.before(versions, i)
+      return t, adjoint_registers, adjoint_stacks, totals, versions
 
     # {variable's position: the blocks whose step has a gradient of it}.
     contributing = collections.defaultdict(set)
     totals = [tf.zeros_like(v) for v in variables]
-    _, adjoint_registers, adjoint_stacks, totals = tf.while_loop(
+    _, adjoint_registers, adjoint_stacks, totals, _ = tf.while_loop(
         lambda t, *_: t > 0, body,
-        (steps, adjoint_registers, adjoint_stacks, totals))
+        (steps, adjoint_registers, adjoint_stacks, totals,
+         record["versions"]))
     return adjoint_registers + [
         g for name in names for g in adjoint_stacks[name]], totals
 
