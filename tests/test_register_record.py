@@ -28,7 +28,7 @@ def _recorded_run(blocks):
 
   @tf.function(jit_compile=True, autograph=False)
   def run(blocks):
-    arrays, versions = record.start(start)
+    arrays, versions = record.start()
     def body(t, leaves, arrays, versions):
       block = blocks[t]
       def branch(i):

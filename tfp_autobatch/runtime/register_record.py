@@ -21,26 +21,26 @@ import tensorflow as tf
 
 
 class RegisterRecord:
-  """The record described in the module docstring, for register leaves
-  like `examples` (the start state's), of a program of `num_blocks`
-  blocks, over at most `bound` steps.
+  """The record described in the module docstring, of the start state's
+  register leaves `start_leaves`, for a program of `num_blocks` blocks,
+  over at most `bound` steps.
 
   `written` is called in each block's branch while the recording run is
   traced, and learns which leaves the block writes; the other methods
   use what it learned, so they are traced after every block's branch.
   """
 
-  def __init__(self, examples, num_blocks, bound):
-    self.examples = list(examples)
+  def __init__(self, start_leaves, num_blocks, bound):
+    self.start_leaves = list(start_leaves)
     self.num_blocks = num_blocks
     self.bound = bound
-    self.writers = [set() for _ in self.examples]
+    self.writers = [set() for _ in self.start_leaves]
 
-  def start(self, leaves):
-    """`(arrays, versions)` holding the start values `leaves`."""
+  def start(self):
+    """`(arrays, versions)` holding the start leaves as version 0."""
     arrays = [tf.TensorArray(x.dtype, size=self.bound + 1,
                              element_shape=x.shape).write(0, x)
-              for x in leaves]
+              for x in self.start_leaves]
     return arrays, tf.zeros([len(arrays)], tf.int32)
 
   def written(self, block, arrays, versions, before, after):

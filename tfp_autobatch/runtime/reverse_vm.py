@@ -5,11 +5,11 @@ in reverse, each differentiated alone.
 `pc:graph` traces it, for at most a bound of steps, and records what each
 step's block needs to run again: its index, the registers it started
 from (each register's values by version: `register_record`), the stack
-rows it read, and the rows it wrote. A second loop then
-walks the steps backwards. At each it runs the step's block once more, on
-the recorded registers and rows, under a tape of its own, which turns the
-adjoint of the state after the block into the adjoint of the state before
-it, and adds the block's share of each variable's gradient.
+rows it read, and the rows it wrote. A second loop then walks the steps
+backwards. At each it runs the step's block once more, on the recorded
+registers and rows, under a tape of its own, which turns the adjoint of
+the state after the block into the adjoint of the state before it, and
+adds the block's share of each variable's gradient.
 
 Differentiating the VM's `tf.while_loop` and `tf.switch_case` with
 TensorFlow's own gradients instead keeps, at every step, the intermediates
@@ -145,8 +145,7 @@ class ReverseVm:
 
     registers = register_record.RegisterRecord(
         tf.nest.flatten(start["registers"]), rt.program.halt, bound)
-    register_arrays, versions = registers.start(
-        tf.nest.flatten(start["registers"]))
+    register_arrays, versions = registers.start()
     record = {
         "block": array([], tf.int32),
         "registers": register_arrays,
