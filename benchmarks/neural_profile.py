@@ -1,5 +1,6 @@
-r"""Where a training step's gradient goes on `pc:xla`: the forward VM, the
-reverse VM's recording run and its backward steps, block by block.
+r"""Where a training step's gradient goes on `pc:xla`: the reverse VM's
+recording run (the forward pass under a tape) and its backward steps,
+block by block.
 
     python -m benchmarks.neural_profile --workload=tree_lstm \
         --batch_size=64 --threads=1
@@ -10,24 +11,24 @@ the DyNet paper's sizes, the batch `benchmarks.neural` times), computes
 `examples.training.gradients` on `pc:xla` (the batch's mean loss and its
 gradient, without the optimizer's update) `--repeats` times, then as many
 times again under TensorFlow's profiler, and reads back every XLA kernel
-both compiled programs ran: the forward call (the VM `pc:xla` compiled),
-and the backward pass (`reverse_vm`: the `pc:graph` program run forward
-again, recording each step, then its steps taken back one block at a
-time). Each kernel is charged (`xla_profile.HloIndex`) to
+both compiled programs of the reverse VM (`reverse_vm`) ran: the forward
+pass (the `pc:graph` program run, recording each step), and the backward
+pass (its steps taken back one block at a time). Each kernel is charged
+(`xla_profile.HloIndex`) to
 
-- "forward <block>", "recording <block>" or "backward <block>": the ops of
-  that block of the forward call, of the recording run, or of a backward
-  step (the block run again under a tape, and its gradient);
-- "forward loop", "recording loop", "backward loop": that loop outside its
-  blocks (register and stack writes, the schedule; the record's reads and
+- "recording <block>" or "backward <block>": the ops of that block of the
+  recording run, or of a backward step (the block run again under a tape,
+  and its gradient);
+- "recording loop", "backward loop": that loop outside its blocks
+  (register and stack writes, the schedule; the record's reads and
   writes; the stack adjoints' row updates, the gradients' totals);
 - "around the VMs": before and after the loops (the inputs' and the
   result's adjoints, the start state's gradient).
 
-A place's runs are its block's executions (the loop's: VM steps): the
-forward call's from its `RunStats`, the recording run's and the backward
-steps' from a `pc:graph` call on the same batch, the program the reverse
-VM runs. Kernel times are summed over threads (see
+A place's runs are its block's executions (the loop's: VM steps), from a
+`pc:graph` call on the same batch, the program the reverse VM runs.
+(The VM `pc:xla` compiled runs under a tape only on a batch size's first
+call, which is not profiled.) Kernel times are summed over threads (see
 `benchmarks.nuts_profile` for what that means when reading them).
 """
 import numpy as np
@@ -39,14 +40,14 @@ from benchmarks import nuts_vm_steps
 from benchmarks import xla_profile
 from examples import neural_data
 from examples import training
-from tfp_autobatch.runtime import pc_vm
 from tfp_autobatch.runtime import reverse_vm
 
-FORWARD, RECORDING, BACKWARD = "forward", "recording", "backward"
-PHASES = {pc_vm.BLOCK_SCOPE: FORWARD, reverse_vm.RECORDING_SCOPE: RECORDING,
+RECORDING, BACKWARD = "recording", "backward"
+PHASES = {reverse_vm.RECORDING_SCOPE: RECORDING,
           reverse_vm.BACKWARD_SCOPE: BACKWARD}
 AROUND = "around the VMs"
 BACKEND = "pc:xla"
+# The program the reverse VM runs, whose run gives its blocks' executions.
 GRADIENT_BACKEND = "pc:graph"   # the program the reverse VM runs
 
 
@@ -78,18 +79,15 @@ def profile(workload, batch_size, batched_cells, warmup, repeats,
 
   forward = spec.forward(model)
   args = spec.inputs(batch)
-  labels, executions, steps = {}, {}, {}
-  for phases, backend in (((FORWARD,), BACKEND),
-                          ((RECORDING, BACKWARD), GRADIENT_BACKEND)):
-    forward(*args, backend=backend)
-    stats = forward.last_stats
-    blocks = [b.label for b in forward.ir(level=2, backend=backend).blocks]
-    for phase in phases:
-      labels[phase] = blocks
-      steps[phase] = stats.steps
-      executions[loop_place(phase)] = stats.steps
-      executions.update({block_place(phase, label): n for label, n in
-                         stats.block_executions.items() if n})
+  forward(*args, backend=GRADIENT_BACKEND)
+  stats = forward.last_stats
+  labels = [b.label for b in
+            forward.ir(level=2, backend=GRADIENT_BACKEND).blocks]
+  executions = {}
+  for phase in PHASES.values():
+    executions[loop_place(phase)] = stats.steps
+    executions.update({block_place(phase, label): n for label, n in
+                       stats.block_executions.items() if n})
 
   def place(scope, block):
     if scope is None:
@@ -97,7 +95,7 @@ def profile(workload, batch_size, batched_cells, warmup, repeats,
     phase = PHASES[scope]
     if block is None:
       return loop_place(phase)
-    return block_place(phase, labels[phase][block])
+    return block_place(phase, labels[block])
 
   kernels = xla_profile.charged_kernels(space, tuple(PHASES), place, repeats,
                                         per="step")
@@ -106,7 +104,7 @@ def profile(workload, batch_size, batched_cells, warmup, repeats,
       "workload": workload, "batch_size": batch_size,
       "cells": "batched" if batched_cells else "per_example",
       "warmup": warmup, "repeats": repeats,
-      "forward_steps": steps[FORWARD], "backward_steps": steps[BACKWARD],
+      "steps": stats.steps,
       "first_call_ms": first_call * 1e3,
       "step_ms": float(np.median(times)) * 1e3,
       "profiled_step_ms": profiled * 1e3,
@@ -119,9 +117,9 @@ def report(record, top):
   """The record as text: places, then the costliest kernels."""
   return xla_profile.report(
       f"{record['workload']} batch={record['batch_size']} "
-      f"cells={record['cells']} on {BACKEND}: {record['forward_steps']} "
-      f"forward VM steps, {record['backward_steps']} recorded and taken "
-      f"back; {record['step_ms']:.1f} ms a gradient (median of "
+      f"cells={record['cells']} on {BACKEND}: {record['steps']} VM steps "
+      f"recorded and taken back; {record['step_ms']:.1f} ms a gradient "
+      f"(median of "
       f"{record['repeats']}; {record['profiled_step_ms']:.1f} ms "
       f"profiled; first call {record['first_call_ms'] / 1e3:.1f} s), "
       f"{record['kernel_ms_per_step']:.1f} ms of XLA kernels (summed over "

@@ -42,14 +42,13 @@ def test_benchmark_runs_and_reports(tmp_path):
   assert "rnn_classifier | inference | 1" in neural_report.table(result, 2)
 
 
-@pytest.mark.slow   # compiles a forward VM and a reverse VM with XLA
-def test_profile_charges_the_gradient_to_forward_recording_and_backward(
+@pytest.mark.slow   # compiles the VM and the reverse VM's two with XLA
+def test_profile_charges_the_gradient_to_recording_and_backward(
     tmp_path, capsys):
   """benchmarks.neural_profile (driven by its flags): the kernels of a
-  TreeLSTM gradient on pc:xla are charged to the forward call's blocks,
-  the reverse VM's recording run and backward steps, their loops, or
-  around them; each block's kernels land on exactly the blocks that ran,
-  as often as they ran."""
+  TreeLSTM gradient on pc:xla are charged to the reverse VM's recording
+  run and backward steps, their loops, or around them; each block's
+  kernels land on exactly the blocks that ran, as often as they ran."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   from benchmarks import neural_profile  # pylint: disable=g-import-not-at-top
   output = str(tmp_path / "profile.json")
@@ -65,11 +64,10 @@ def test_profile_charges_the_gradient_to_forward_recording_and_backward(
   assert (record["workload"], record["batch_size"], record["cells"]) == (
       "tree_lstm", 3, "batched")
   places = {p["place"]: p for p in record["places"]}
-  phases = ("forward", "recording", "backward")
+  phases = ("recording", "backward")
   loops = {phase: places[phase + " loop"] for phase in phases}
-  assert loops["forward"]["executions"] == record["forward_steps"] > 0
   assert (loops["recording"]["executions"] == loops["backward"]["executions"]
-          == record["backward_steps"] > 0)
+          == record["steps"] > 0)
   assert all(loop["us_per_step"] > 0 for loop in loops.values())
   by_phase = {phase: {p: v["executions"] for p, v in places.items()
                       if p.startswith(phase + " ") and p not in
@@ -78,16 +76,15 @@ def test_profile_charges_the_gradient_to_forward_recording_and_backward(
                          | {l["place"] for l in loops.values()}
                          | set().union(*by_phase.values()))
   # Every block of a run has kernels, counted as often as it ran: the
-  # forward call's blocks sum to its steps, the recording run's to the
-  # steps the backward loop takes back.
-  assert sum(by_phase["forward"].values()) == record["forward_steps"]
-  assert sum(by_phase["recording"].values()) == record["backward_steps"]
+  # recording run's blocks sum to the steps the backward loop takes back.
+  assert sum(by_phase["recording"].values()) == record["steps"]
   recorded = {p.split(" ", 1)[1]: n for p, n in by_phase["recording"].items()}
   taken_back = {p.split(" ", 1)[1]: n for p, n in by_phase["backward"].items()}
   assert taken_back and all(recorded[b] == n for b, n in taken_back.items())
   assert record["kernel_ms_per_step"] * 1e3 == pytest.approx(
       sum(k["us_per_step"] for k in record["kernels"]))
-  assert "forward VM steps" in text and "wrote " + output in text
+  assert "VM steps recorded and taken back" in text
+  assert "wrote " + output in text
   listed = [line.split()[0] for line in
             text.split("\nkernel ", 1)[1].splitlines()[1:]
             if line.strip() and not line.startswith("wrote ")]

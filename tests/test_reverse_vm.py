@@ -47,13 +47,52 @@ def test_pc_xla_gradient_is_the_reverse_vm_and_matches_pc_graph():
   # each step's intermediates in accumulators (TensorList pushes), every
   # block's at every step.
   runtime = pipeline.runtime(tree, tree._last_types, "pc:xla")  # pylint: disable=protected-access
-  backward = list(runtime._gradient._backward.values())  # pylint: disable=protected-access
-  assert backward
-  for function in backward:
-    for concrete in function._list_all_concrete_functions():  # pylint: disable=protected-access
-      types = _op_types(concrete)
-      assert "While" in types or "StatelessWhile" in types
-      assert not {"TensorListPushBack", "EmptyTensorList"} & types
+  recordings = list(runtime._gradient._recordings.values())  # pylint: disable=protected-access
+  concretes = [c for r in recordings for c in
+               [r.forward] + [b for _, b in r._backward.values()]]  # pylint: disable=protected-access
+  assert len(concretes) >= 2
+  for concrete in concretes:
+    types = _op_types(concrete)
+    assert "While" in types or "StatelessWhile" in types
+    assert not {"TensorListPushBack", "EmptyTensorList"} & types
+
+
+def test_under_a_tape_pc_xla_runs_the_program_forward_once_a_call():
+  # The recording run's result is the call's: the VM pc:xla compiled runs
+  # only on a batch size's first call under a tape, for its step count.
+  fresh = pc_testing.tree_of_model_calls(SCALE)
+  x = tf.constant(X)
+  def gradient():
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = fresh(x, DEPTH, backend="pc:xla")
+      total = tf.reduce_sum(y * [1.0, 2.0])
+    return y, tape.gradient(total, [x, SCALE])
+  gradient()
+  runtime = pipeline.runtime(fresh, fresh._last_types, "pc:xla")  # pylint: disable=protected-access
+  vm = runtime._concrete_for([x, tf.constant(DEPTH)])  # pylint: disable=protected-access
+  calls = []
+  runtime._concrete[runtime.compiled_for([x, tf.constant(DEPTH)])] = (  # pylint: disable=protected-access
+      _Counted(vm, calls))
+  y, grads = gradient()
+  assert not calls
+  np.testing.assert_allclose(y, fresh(x, DEPTH, backend="pc:graph"),
+                             rtol=1e-12)
+  assert fresh.last_stats.steps > 0
+  for g, e in zip(grads, _gradients("pc:graph")):
+    np.testing.assert_allclose(g, e, rtol=1e-10)
+
+
+class _Counted:
+  """A concrete function that notes its calls."""
+
+  def __init__(self, concrete, calls):
+    self.concrete, self.calls = concrete, calls
+    self.variables = concrete.variables
+
+  def __call__(self, *args):
+    self.calls.append(args)
+    return self.concrete(*args)
 
 
 def test_the_reverse_vm_does_not_check_for_work_on_constants(monkeypatch):
@@ -146,5 +185,5 @@ def test_an_embeddings_gradient_leaves_each_step_as_its_rows():
   # The plan the backward pass was traced with has the table gathered:
   # its rows, not the whole table, leave the conditional at each step.
   runtime = pipeline.runtime(walk, walk._last_types, "pc:xla")  # pylint: disable=protected-access
-  plans = list(runtime._gradient._plans.values())  # pylint: disable=protected-access
-  assert plans and all(plan["gathered"] for plan in plans)
+  plans = list(runtime._gradient._gathered_plans.values())  # pylint: disable=protected-access
+  assert plans and all(plans)

@@ -12,6 +12,8 @@ upgrade breaks here; setup.py pins TensorFlow 2.21.
 - `pfor`, `pfor_impl`: pfor's converters and entry point (`vectorize`,
   `pfor_conditions`); None where this TensorFlow lacks them.
 - `call_concrete`: a traced function called at its flat inputs.
+- `traced_without_tapes`: a `tf.function` traced apart from the eager
+  tapes recording in this thread (tapes are per thread).
 - `has_xla_kernel`, `called_graphs`: the kernel registry and the
   functions an operation calls, to find operations XLA has no kernel for (`xla_kernels`).
 - `eager_captures_as_constants`: a function graph's capture of eager
@@ -26,7 +28,9 @@ upgrade breaks here; setup.py pins TensorFlow 2.21.
   graph, read and rewired while it is traced, to move its work on fixed
   matrices out of the VM's loop (`constant_work`).
 """
+import concurrent.futures
 import contextlib
+import contextvars
 
 import tensorflow as tf
 from tensorflow.python.eager import record  # pylint: disable=g-direct-tensorflow-import,unused-import
@@ -72,6 +76,22 @@ def call_concrete(concrete, args):
   their shapes."""
   return concrete._call_flat(   # pylint: disable=protected-access
       tf.nest.flatten(args), concrete.captured_inputs)
+
+
+def traced_without_tapes(function, *args):
+  """`function.get_concrete_function(*args)`, traced in a thread of its
+  own.
+
+  Traced while an eager tape records, an XLA-compiled VM's inner function
+  calls would be recorded by that tape, which would build their backward
+  functions and fail (the VM's in-place writes have none). Tapes are per
+  thread, and `record.stop_recording` would stop the tapes of the traced
+  code too (a batched primitive's own gradient). The thread runs in a copy
+  of this one's context variables (the default backend)."""
+  context = contextvars.copy_context()
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(context.run, function.get_concrete_function,
+                       *args).result()
 
 
 def has_xla_kernel(op_type):

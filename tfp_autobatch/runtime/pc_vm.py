@@ -53,8 +53,6 @@ records where (`index_fault`): `run` raises `IndexOutOfRangeError` naming
 the subscript's line, or fails the user's graph with an assertion saying
 it, or poisons the member's results under the user's XLA.
 """
-import concurrent.futures
-import contextvars
 import functools
 import threading
 
@@ -263,20 +261,26 @@ class PcVmRuntime:
     return self._store.value(small["vars"][self.program.result],
                              self.program.result)
 
-  def block_outputs(self, layout, index, state):
+  def block_outputs(self, layout, index, state, counters=None):
     """`(registers, {stack: StackWrite})` of block `index` (an int, or a
     tensor: a conditional over every block) run on `state`, in pc:graph's
-    layout (one dispatch of every block, no banks)."""
+    layout (one dispatch of every block, no banks); with `counters`, the
+    run counters after it as well (`counters_after`)."""
     dispatch, = layout.dispatches
     def run(i):
-      registers, _, packed_writes, _, _ = self._run_block(layout, i, state)
-      return registers, packed_writes
+      registers, _, packed_writes, rows, members = self._run_block(
+          layout, i, state)
+      if counters is None:
+        return registers, packed_writes
+      return registers, packed_writes, self.counters_after(
+          layout, dispatch, counters, i, rows, members)
     if isinstance(index, int):
-      registers, packed_writes = run(index)
+      outputs = run(index)
     else:
-      registers, packed_writes = tf.switch_case(
+      outputs = tf.switch_case(
           index, [functools.partial(run, i) for i in dispatch.blocks])
-    return registers, dispatch.writes.unpack(*packed_writes)
+    return (outputs[0], dispatch.writes.unpack(*outputs[1])) + tuple(
+        outputs[2:])
 
   def _without_gradient(self, vm, *args):
     """`vm(*args)` for a VM compiled by XLA, which has no gradient:
@@ -336,7 +340,7 @@ class PcVmRuntime:
     """`compiled_for(args)`'s concrete function, for eager calls, and in
     a graph wherever XLA compiles the VM (pc:xla, and pc:graph inside the
     caller's `jit_compile`): traced apart from the tapes recording there,
-    which a trace under them would meet (see `_traced_without_tapes`).
+    which a trace under them would meet (see `_tf_private.traced_without_tapes`).
     Traced in place under a persistent tape, or two tapes, TensorFlow
     wraps the VM's `tf.while_loop` for their higher-order gradients, with
     accumulators that XLA cannot size, and the forward call fails ("XLA
@@ -354,7 +358,7 @@ class PcVmRuntime:
     concrete = self._concrete.get(compiled)
     if concrete is None:
       if _tf_private.record.could_possibly_record():
-        concrete = _traced_without_tapes(compiled)
+        concrete = _tf_private.traced_without_tapes(compiled)
       else:
         concrete = compiled.get_concrete_function()
       if self.mode == "xla":
@@ -395,9 +399,15 @@ class PcVmRuntime:
       # before the loop, once a call (`constant_work`).
       with constant_work.moving_into(tf.compat.v1.get_default_graph()):
         _, state = self._loop(layout, state)
+    return self.outputs_of(layout, state)
+
+  def outputs_of(self, layout, state):
+    """What a run returns from its end state `state`: (the result, with
+    the rows of members that overflowed or faulted poisoned, overflow,
+    faults, the final counters: `run_counters.ended`)."""
     small = self._small(layout, state)
     result = self._store.value(small["vars"][self.program.result],
-                         self.program.result)
+                               self.program.result)
     faults = small.get("index_fault", subscripts.no_faults(0))
     halted = small["overflow"]
     faulted = tf.zeros([0], tf.bool)
@@ -506,10 +516,17 @@ class PcVmRuntime:
         "banks": banks,
         "stacks": self._apply_stack_writes(layout, stacks, writes, nxt,
                                            dispatch, eager),
-        "counters": run_counters.after_step(
-            state["counters"], nxt, self.program.halt, rows,
-            members if layout.model_calls[dispatch.blocks] else None),
+        "counters": self.counters_after(layout, dispatch, state["counters"],
+                                        nxt, rows, members),
     }
+
+  def counters_after(self, layout, dispatch, counters, block, rows,
+                     members):
+    """The run counters after block `block` of `dispatch` ran, given the
+    rows and members of its model calls (`_run_block`)."""
+    return run_counters.after_step(
+        counters, block, self.program.halt, rows,
+        members if layout.model_calls[dispatch.blocks] else None)
 
   def _apply_stack_writes(self, layout, stacks, writes, nxt, dispatch,
                           eager):
@@ -665,17 +682,3 @@ def _padded(counts, length):
   """Scalar int32 `counts` as a vector of `length`, -1 past them."""
   return tf.stack(counts + [tf.constant(-1)] * (length - len(counts))) if (
       length) else tf.zeros([0], tf.int32)
-
-
-def _traced_without_tapes(compiled):
-  """`compiled`'s concrete function, traced in a thread of its own.
-
-  Traced while an eager tape records, the XLA VM's inner function calls
-  would be recorded by that tape, which would build their backward functions
-  and fail (the VM's in-place writes have none). Tapes are per thread, and
-  `record.stop_recording` would stop the tapes of the traced code too (a
-  batched primitive's own gradient). The thread runs in a copy of this
-  one's context variables (the default backend)."""
-  context = contextvars.copy_context()
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    return pool.submit(context.run, compiled.get_concrete_function).result()

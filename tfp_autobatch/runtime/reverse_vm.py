@@ -94,33 +94,60 @@ class ReverseVm:
             "reads": {k: n for k, n in self.learned["reads"].items()
                       if n > 1}}
 
-  def gradient(self, args, upstream, variables, bound):
-    """`(gradients, finished)`: the gradients of the floating-point leaves
-    of `args` then of `variables`, given the `upstream` gradients of the
-    result's leaves, from a run of at most `bound` steps; `finished` says
-    whether every member halted within them (else the gradients are
-    junk)."""
+  def recorded_run(self, args, bound):
+    """The program run on `args` for at most `bound` steps, recording
+    each step: `(outputs, saved, finished)`. `outputs` are what the VM
+    returns (`pc_vm.PcVmRuntime.outputs_of`: result, overflow, faults,
+    counters), `saved` the flat tensors `gradient_from_saved` takes (the
+    record, the end state), `finished` whether every member halted within
+    the bound (else both are junk)."""
     rt = self.runtime
-    leaves = tf.nest.flatten(args)
-    floats = [x for x in leaves if x.dtype.is_floating]
     with vectorize.for_reverse_vm():
-      layout = rt.layout_for(leaves[0].shape[0])
-      if len(layout.dispatches) != 1 or layout.banks.sizes:
-        raise ValueError("the reverse VM needs pc:graph's layout (one "
-                         "dispatch, no banks)")
+      layout = self._layout(args)
+      start = rt.initial_state(layout, args)
+      steps, nxt, end, record = self._forward(layout, start, bound)
+      outputs = rt.outputs_of(layout, end)
+    saved = {"steps": steps, "end": end,
+             "record": tf.nest.map_structure(
+                 lambda x: x.stack() if isinstance(x, tf.TensorArray) else x,
+                 record)}
+    self._saved_structure = saved
+    return outputs, tf.nest.flatten(saved), nxt >= rt.program.halt
+
+  def gradient_from_saved(self, args, upstream, variables, saved):
+    """The gradients of the floating-point leaves of `args` then of
+    `variables`, given the `upstream` gradients of the result's leaves
+    and what `recorded_run` (traced first, by this object) saved."""
+    rt = self.runtime
+    saved = tf.nest.pack_sequence_as(self._saved_structure, list(saved))
+    # Every entry of the record is a `tf.TensorArray` but the versions.
+    record = {key: value if key == "versions" else
+              tf.nest.map_structure(_unstacked, value)
+              for key, value in saved["record"].items()}
+    record["register_record"] = self._register_record
+    floats = [x for x in tf.nest.flatten(args) if x.dtype.is_floating]
+    self.learned["gathered"] = {}
+    with vectorize.for_reverse_vm():
+      layout = self._layout(args)
       with tf.GradientTape(watch_accessed_variables=False) as start_tape:
         start_tape.watch(floats)
         start = rt.initial_state(layout, args)
-      steps, nxt, end, record = self._forward(layout, start, bound)
+      end = saved["end"]
       adjoint = self._result_adjoint(layout, end, upstream)
       adjoint, variable_grads = self._backward(
-          layout, start, end, record, steps, adjoint, variables)
+          layout, start, end, record, saved["steps"], adjoint, variables)
     input_grads = start_tape.gradient(
         _float_leaves(self._differentiable(start)), floats,
         output_gradients=adjoint,
         unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return ([tf.convert_to_tensor(g) for g in input_grads]
-            + variable_grads), nxt >= rt.program.halt
+    return [tf.convert_to_tensor(g) for g in input_grads] + variable_grads
+
+  def _layout(self, args):
+    layout = self.runtime.layout_for(tf.nest.flatten(args)[0].shape[0])
+    if len(layout.dispatches) != 1 or layout.banks.sizes:
+      raise ValueError("the reverse VM needs pc:graph's layout (one "
+                       "dispatch, no banks)")
+    return layout
 
   @staticmethod
   def _differentiable(state):
@@ -143,7 +170,7 @@ class ReverseVm:
     def array(shape, dtype):
       return tf.TensorArray(dtype, size=bound, element_shape=shape)
 
-    registers = register_record.RegisterRecord(
+    registers = self._register_record = register_record.RegisterRecord(
         tf.nest.flatten(start["registers"]), rt.program.halt, bound)
     register_arrays, versions = registers.start()
     record = {
@@ -161,10 +188,11 @@ class ReverseVm:
     def body(t, nxt, state, record):
       record = dict(record)
       record["block"] = record["block"].write(t, nxt)
-      new_registers, writes, reads, record["registers"] = tf.switch_case(
-          nxt, [self._recording(layout, i, state, registers,
-                                record["registers"], record["versions"])
-                for i in blocks])
+      (new_registers, writes, counters, reads,
+       record["registers"]) = tf.switch_case(
+           nxt, [self._recording(layout, i, state, registers,
+                                 record["registers"], record["versions"])
+                 for i in blocks])
       record["versions"] = registers.after(record["versions"], nxt)
       record["written"] = {
           name: (rows.write(t, writes[name].row),
@@ -173,7 +201,7 @@ class ReverseVm:
       record["reads"] = {
           key: [a.write(t, v) for a, v in zip(arrays, reads[key])]
           for key, arrays in record["reads"].items()}
-      state = dict(state, registers=new_registers,
+      state = dict(state, registers=new_registers, counters=counters,
                    stacks=layout.stacks.apply(state["stacks"], writes,
                                               xla=True))
       return t + 1, rt.next_block(layout, state), state, record
@@ -186,10 +214,11 @@ class ReverseVm:
     steps, nxt, end, record = tf.while_loop(
         running, body, (tf.constant(0), rt.next_block(layout, start), start,
                         record))
-    return steps, nxt, end, dict(record, register_record=registers)
+    return steps, nxt, end, record
 
   def _recording(self, layout, i, state, registers, arrays, versions):
-    """Block i's `block_outputs` on `state`, the stack rows it read,
+    """Block i's `block_outputs` on `state` (with the run counters after
+    it), the stack rows it read,
     `{(stack, leaf): [rows, ...]}` in the plan's slots (zeros past its
     reads), and the register record's `arrays` with the registers it
     wrote (`registers`, the `RegisterRecord`, at `versions`), as a
@@ -206,7 +235,8 @@ class ReverseVm:
             if id(leaf) in leaf_of:
               found[leaf_of[id(leaf)]].append(values)
         with stack_banks.reads_observed(on_read):
-          after, writes = self.runtime.block_outputs(layout, i, state)
+          after, writes, counters = self.runtime.block_outputs(
+              layout, i, state, counters=state["counters"])
         arrays_after = registers.written(
             i, arrays, versions, tf.nest.flatten(state["registers"]),
             tf.nest.flatten(after))
@@ -219,7 +249,7 @@ class ReverseVm:
             learned[key] = max(learned.get(key, 0), len(values))
             n = self._slots(key)
             reads[key] = (values + [tf.zeros_like(leaf[0])] * n)[:n]
-        return after, writes, reads, arrays_after
+        return after, writes, counters, reads, arrays_after
     return run
 
   def _result_adjoint(self, layout, end, upstream):
@@ -444,6 +474,13 @@ def _added(total, gradient, block, contributing, blocks):
   _, total = tf.while_loop(lambda n, _: n > 0,
                            lambda n, x: (n - 1, x + gradient), (adds, total))
   return total
+
+
+def _unstacked(stacked):
+  """A `tf.TensorArray` stacked by `ReverseVm.recorded_run`, as one again
+  (XLA keeps both as the same buffer)."""
+  return tf.TensorArray(stacked.dtype, size=stacked.shape[0],
+                        element_shape=stacked.shape[1:]).unstack(stacked)
 
 
 def _stack_leaves(stacks, names):
