@@ -39,6 +39,24 @@ def _git_commit():
     return None
 
 
+# TensorFlow's switch for a pooled (BFC) allocator of host memory, read
+# when TensorFlow first allocates on the CPU.
+TF_CPU_BFC_ALLOCATOR = "TF_CPU_ALLOCATOR_USE_BFC"
+
+
+def use_tf_cpu_bfc_allocator(enabled):
+  """Sets TensorFlow's host allocator to its pooled one (or leaves it, as
+  `enabled` says) for this process and its children; call it before
+  TensorFlow runs its first op. TensorFlow's default hands each large
+  buffer back to the system when it is freed, so a buffer made afresh at
+  every call (an XLA program's arrays of tens of MB) has its pages
+  faulted in at every call."""
+  if enabled:
+    os.environ[TF_CPU_BFC_ALLOCATOR] = "true"
+  else:
+    os.environ.pop(TF_CPU_BFC_ALLOCATOR, None)
+
+
 def machine_info():
   """A description of the machine and software versions."""
   import tensorflow_probability as tfp  # pylint: disable=g-import-not-at-top
@@ -62,6 +80,7 @@ def machine_info():
       "tensorflow_probability": tfp.__version__,
       "numpy": np.__version__,
       "tfp_autobatch_backends": list(programs_systems.available_backends()),
+      "tf_cpu_bfc_allocator": os.environ.get(TF_CPU_BFC_ALLOCATOR),
       "git_commit": _git_commit(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
           timespec="seconds"),

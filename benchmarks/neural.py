@@ -23,6 +23,12 @@ worker process, on the same examples and the same cell math.
 Modes: "inference" computes the batch's mean loss; "training" also its
 gradient (tf.GradientTape; DyNet's backward) and an Adam update.
 
+Memory: TensorFlow runs with its pooled host allocator
+(`--tf_cpu_bfc_allocator`, TF_CPU_ALLOCATOR_USE_BFC=true), as DyNet runs
+with its own memory pool: with TensorFlow's default, the arrays of a
+training step's XLA programs (tens of MB) are handed back to the system
+after each call and faulted in again at the next.
+
 Threads: each of `--threads` runs in a process of its own, TensorFlow
 with that many intra- and inter-op threads and the DyNet workers with
 OMP_NUM_THREADS and MKL_NUM_THREADS set to it (DyNet's CPU kernels are
@@ -77,6 +83,10 @@ flags.DEFINE_float("max_call_sec", 20.0,
                    "A slower warm-up call skips larger batches.")
 flags.DEFINE_integer("pool_size", 256, "Examples in each workload's pool.")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic data.")
+flags.DEFINE_bool("tf_cpu_bfc_allocator", True,
+                  "Run TensorFlow with its pooled host allocator "
+                  "(TF_CPU_ALLOCATOR_USE_BFC=true; DyNet pools its memory "
+                  "too).")
 flags.DEFINE_integer("embedding_size", 256, "Word embedding size.")
 flags.DEFINE_integer("hidden_size", 256, "LSTM state size.")
 flags.DEFINE_integer("vocabulary_size", 10_000, "Vocabulary size.")
@@ -169,12 +179,15 @@ def _child_flags(fv, threads, output):
                "vocabulary_size"):
     args.append(f"--{name}={getattr(fv, name)}")
   args.append("--tf_eager" if fv.tf_eager else "--notf_eager")
+  args.append("--tf_cpu_bfc_allocator" if fv.tf_cpu_bfc_allocator
+              else "--notf_cpu_bfc_allocator")
   return args
 
 
 def main(argv):
   del argv
   started = time.time()
+  machine_lib.use_tf_cpu_bfc_allocator(FLAGS.tf_cpu_bfc_allocator)
   if len(FLAGS.threads) == 1:
     records, skipped = measure(FLAGS, int(FLAGS.threads[0]))
   else:   # TensorFlow fixes its thread pools once: a process per count
@@ -193,7 +206,8 @@ def main(argv):
                 k: FLAGS[k].value for k in (
                     "workloads", "modes", "backends", "cells", "batch_sizes",
                     "threads", "dynet", "eager_cap", "rounds",
-                    "min_run_sec", "pool_size", "seed")}},
+                    "min_run_sec", "pool_size", "seed",
+                    "tf_cpu_bfc_allocator")}},
             "wall_sec": time.time() - started,
             "records": records, "skipped": skipped}
   print(neural_report.table(result))

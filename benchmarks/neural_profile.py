@@ -34,6 +34,7 @@ call, which is not profiled.) Kernel times are summed over threads (see
 import numpy as np
 import tensorflow as tf
 
+from benchmarks import machine as machine_lib
 from benchmarks import neural_systems
 from benchmarks import nuts as nuts_bench
 from benchmarks import nuts_vm_steps
@@ -152,6 +153,9 @@ def define_flags(flag_values=None):
                        flag_values=fv)
   flags.DEFINE_integer("warmup", 1, "Untimed gradients after the first.",
                        flag_values=fv)
+  flags.DEFINE_bool("tf_cpu_bfc_allocator", True,
+                    "TensorFlow's pooled host allocator, as "
+                    "benchmarks.neural runs it.", flag_values=fv)
   xla_profile.define_report_flags(fv, "Gradients")
   return fv
 
@@ -159,6 +163,7 @@ def define_flags(flag_values=None):
 def run_from_flags(fv):
   """Profiles as the parsed flags `fv` say; prints the report, writes the
   JSON if asked, and returns the record."""
+  machine_lib.use_tf_cpu_bfc_allocator(fv.tf_cpu_bfc_allocator)
   if fv.threads:
     # Before TensorFlow runs its first op (it fixes its pools then).
     tf.config.threading.set_intra_op_parallelism_threads(fv.threads)

@@ -40,6 +40,9 @@ def test_benchmark_runs_and_reports(tmp_path):
     assert r["threads"] == 1 and r["batch_size"] == 2
   assert plot.stat().st_size > 0
   assert "rnn_classifier | inference | 1" in neural_report.table(result, 2)
+  # TensorFlow ran with its pooled host allocator, and the results say so.
+  assert result["config"]["flags"]["tf_cpu_bfc_allocator"] is True
+  assert result["machine"]["tf_cpu_bfc_allocator"] == "true"
 
 
 @pytest.mark.slow   # compiles the VM and the reverse VM's two with XLA
@@ -55,7 +58,8 @@ def test_profile_charges_the_gradient_to_recording_and_backward(
   fv = neural_profile.define_flags(flags.FlagValues())
   fv(["neural_profile", "--batch_size=3", "--embedding_size=4",
       "--hidden_size=4", "--vocabulary_size=20", "--warmup=0",
-      "--repeats=2", "--top=5", "--output=" + output])
+      "--repeats=2", "--top=5", "--notf_cpu_bfc_allocator",
+      "--output=" + output])
   returned = neural_profile.run_from_flags(fv)
   text = capsys.readouterr().out
   with open(output) as f:
