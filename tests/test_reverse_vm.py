@@ -72,15 +72,39 @@ def test_under_a_tape_pc_xla_runs_the_program_forward_once_a_call():
   runtime = pipeline.runtime(fresh, fresh._last_types, "pc:xla")  # pylint: disable=protected-access
   vm = runtime._concrete_for([x, tf.constant(DEPTH)])  # pylint: disable=protected-access
   calls = []
-  runtime._concrete[runtime.compiled_for([x, tf.constant(DEPTH)])] = (  # pylint: disable=protected-access
-      _Counted(vm, calls))
+  compiled = runtime.compiled_for([x, tf.constant(DEPTH)])
+  runtime._concrete[compiled] = _Counted(vm, calls)  # pylint: disable=protected-access
   y, grads = gradient()
+  runtime._concrete[compiled] = vm  # pylint: disable=protected-access
   assert not calls
+  stats = fresh.last_stats
   np.testing.assert_allclose(y, fresh(x, DEPTH, backend="pc:graph"),
                              rtol=1e-12)
-  assert fresh.last_stats.steps > 0
+  # Its statistics are the compiled VM's.
+  fresh(x, DEPTH, backend="pc:xla")
+  assert stats == fresh.last_stats and stats.steps > 0
   for g, e in zip(grads, _gradients("pc:graph")):
     np.testing.assert_allclose(g, e, rtol=1e-10)
+
+
+def test_under_a_tape_pc_xla_still_says_the_stack_overflowed():
+  # The recording run halts a member whose recursion passes the stack's
+  # depth, as the compiled VM does, on a batch size's first call under a
+  # tape and after it.
+  shallow = tab.batch(max_stack_depth=4)(
+      pc_testing.tree_of_model_calls(SCALE).python_function)
+  x = tf.constant(X)
+  for depth, fits in ((DEPTH, False), (np.minimum(DEPTH, 2), True),
+                      (DEPTH, False)):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      if fits:
+        total = tf.reduce_sum(shallow(x, depth, backend="pc:xla"))
+      else:
+        with pytest.raises(tab.StackOverflowError, match="max_stack_depth"):
+          shallow(x, depth, backend="pc:xla")
+    if fits:
+      assert tape.gradient(total, x) is not None
 
 
 class _Counted:
