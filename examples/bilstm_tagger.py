@@ -1,15 +1,20 @@
 """A BiLSTM tagger, written for ONE sentence of its own length.
 
-The forward LSTM runs over the sentence's `length` tokens (a per-example
-trip count) and keeps its states in a [max_length, hidden] table; the
-backward LSTM then runs from the last token to the first, and at each
-token scores the tags from both directions' states (one layer of 256 in
-each direction, as in the DyNet paper's tagger). The result is the
-sentence's summed tag cross-entropy.
+The sentence is tagged by a recursion over its token positions: the call
+for token i runs the forward LSTM over it, recurses on token i + 1, and
+on the way back runs the backward LSTM over token i and scores its tags
+from both directions' states (one layer of 256 in each direction, as in
+the DyNet paper's tagger). The result is the sentence's summed tag
+cross-entropy, summed from the last token to the first.
 
-The frontend has no assignment into `x[i]`, so the table is written with
-`tf.where` on a one-hot row mask: one [max_length, hidden] select a token,
-about a tenth of the cell's matrix-vector product at the default sizes.
+Written as two loops instead, the forward states must wait for the
+backward loop in a [max_length, hidden] table (the frontend has no
+assignment into `x[i]`: one `tf.where` over the whole table a token),
+and the table is a register whose gradient is the whole table's at each
+step back. The recursion keeps each token's forward state in its own
+frame, on the VM's stack, read back once on the way up: a row, in both
+directions of the gradient. On `pc:xla` at batch 64 the recursion ran
+inference about 1.8x and training about 2.8x as fast as the two loops.
 """
 import tensorflow as tf
 
@@ -62,26 +67,29 @@ def _batched_loss(model, batched_cells):
     forward_step = tab.batched_primitive(forward_step)
     backward_step = tab.batched_primitive(backward_step)
 
-  @tab.batch
+  def zeros():
+    return tf.zeros([hidden_size])
+
+  # A sentence of `max_length` tokens recurses as deep, plus the entry's
+  # and the last call's frames.
+  @tab.batch(max_stack_depth=max_length + 2)
+  def tagged_from(words, tags, length, i, h, c):
+    """`(loss, h, c)`: the summed tag loss of tokens i, i + 1, ... of the
+    sentence and the backward LSTM's state once it has run back over
+    them, given the forward LSTM's state (h, c) before token i."""
+    if i >= length:
+      return 0.0, zeros(), zeros()
+    x = cells.embed(embedding, words[i])
+    h_forward, c_forward = forward_step(x, h, c)
+    loss, h, c = tagged_from(words, tags, length, i + 1, h_forward,
+                             c_forward)
+    h, c = backward_step(x, h, c)
+    logits = cells.dense(output, tf.concat([h_forward, h], 0))
+    return loss + cells.cross_entropy(logits, tags[i]), h, c
+
+  @tab.batch(max_stack_depth=max_length + 2)
   def sentence_loss(words, tags, length):
-    forward_states = tf.zeros([max_length, hidden_size])
-    h = tf.zeros([hidden_size])
-    c = tf.zeros([hidden_size])
-    i = 0
-    while i < length:
-      h, c = forward_step(cells.embed(embedding, words[i]), h, c)
-      forward_states = tf.where(
-          tf.range(max_length)[:, None] == i, h[None, :], forward_states)
-      i += 1
-    h = tf.zeros([hidden_size])
-    c = tf.zeros([hidden_size])
-    loss = 0.0
-    i = length - 1
-    while i >= 0:
-      h, c = backward_step(cells.embed(embedding, words[i]), h, c)
-      logits = cells.dense(output, tf.concat([forward_states[i], h], 0))
-      loss += cells.cross_entropy(logits, tags[i])
-      i -= 1
+    loss, _, _ = tagged_from(words, tags, length, 0, zeros(), zeros())
     return loss
 
   return sentence_loss

@@ -132,3 +132,16 @@ def test_pc_xla_gradient_of_a_table_past_a_million_elements():
   for v, g, e in zip(model.trainable_variables, grads, expected):
     np.testing.assert_allclose(_dense(g), _dense(e), rtol=1e-4, atol=1e-6,
                                err_msg=v.name)
+
+
+def test_a_sentence_of_the_longest_length_fits_the_taggers_recursion():
+  # The tagger recurses once a token: a sentence of `max_length` tokens
+  # reaches the deepest frame its stack holds.
+  model = bilstm_tagger.BiLSTMTagger(**SIZES, max_length=4, seed=3)
+  words = np.array([[3, 1, 4, 1], [5, 9, 0, 0]], np.int32)
+  tags = np.array([[1, 2, 0, 3], [4, 1, 0, 0]], np.int32)
+  data = neural_data.Sentences(words, tags, np.array([4, 2], np.int32))
+  got = bilstm_tagger.mean_loss(model, data, backend="pc:graph")
+  expected = np.mean([per_example.tagger_loss(model, data, k)
+                      for k in range(2)])
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
