@@ -4,14 +4,14 @@ The VM's loop state (`pc_vm`) is packed for `tf.switch_case`: integer and
 boolean registers in register files (`register_file.RegisterFile`),
 floating-point registers in banks (`register_file.RegisterBanks`), and
 the integer and boolean variables' registers too where there are many of
-them on enough members (`INTEGER_BANKS_FROM_LEAVES`), stacks
-in stack banks (`stack_banks.StackBanks`), and blocks grouped into
-dispatches by how much they write back (`dispatch`). All of that follows
-from the IR-2 program, its variables' types (the arguments' among them),
-the stack depth and the batch size, so `plan` computes it as one value,
-`VmLayout`, from `tf.TensorSpec`s of the state: the VM traces its loop
-against that value instead of discovering the layout while it builds its
-initial state.
+them on enough members (`INTEGER_BANKS_FROM_LEAVES`) and those that hold
+arrays, stacks in stack banks (`stack_banks.StackBanks`), and blocks
+grouped into dispatches by how much they write back (`dispatch`). All of
+that follows from the IR-2 program, its variables' types (the arguments'
+among them), the stack depth and the batch size, so `plan` computes it as
+one value, `VmLayout`, from `tf.TensorSpec`s of the state: the VM traces
+its loop against that value instead of discovering the layout while it
+builds its initial state.
 """
 import dataclasses
 import types
@@ -44,6 +44,12 @@ NO_VARIABLE = ""
 # (`python -m benchmarks.programs`).
 INTEGER_BANKS_FROM_BATCH = 64
 INTEGER_BANKS_FROM_LEAVES = 16
+
+# Below those, an integer or boolean array register (a per-member shape)
+# of at least this many elements per member goes to a bank too (see
+# `_integer_leaves_to_bank`); smaller ones, such as a seed's two, cost a
+# step less in the file than the scatter a bank's writers run.
+INTEGER_ARRAY_BANK_FROM_ELEMENTS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,16 +214,29 @@ def _integer_leaves_to_bank(state, owners, batch_size):
   variable's leaf that goes to a register bank rather than the register
   file (`register_file`): all of them, where the program has at least
   `INTEGER_BANKS_FROM_LEAVES` and the batch (known when traced) at least
-  `INTEGER_BANKS_FROM_BATCH` members; none otherwise. The VM's own
+  `INTEGER_BANKS_FROM_BATCH` members; otherwise the arrays of at least
+  `INTEGER_ARRAY_BANK_FROM_ELEMENTS` elements per member. The VM's own
   registers (the pc, the overflow flags, the run counters) stay in the
-  file: every block changes them."""
+  file: every block changes them.
+
+  A file is written back whole by every block, so a register there costs
+  every VM step its width, where in a bank it costs only the steps of the
+  blocks that change it: nothing for the TreeLSTM's trees (three index
+  arrays per member, set by the entry block alone), which in the file
+  were most of what every step of its descent copied.
+  """
   integer = [owner != NO_VARIABLE
              and register_file.is_integer_or_bool(spec.dtype)
              for spec, owner in zip(tf.nest.flatten(state), owners)]
   wide = (sum(integer) >= INTEGER_BANKS_FROM_LEAVES
           and batch_size is not None
           and batch_size >= INTEGER_BANKS_FROM_BATCH)
-  return [wide and i for i in integer]
+  def array(spec):
+    elements = spec.shape[1:].num_elements()
+    return (elements is not None
+            and elements >= INTEGER_ARRAY_BANK_FROM_ELEMENTS)
+  return [i and (wide or array(spec))
+          for i, spec in zip(integer, tf.nest.flatten(state))]
 
 
 def plan(program, batch_size, depth, xla, live_out=None):
