@@ -23,15 +23,19 @@ def test_most_waiting_schedule():
   np.testing.assert_array_equal(got, [fib_np(i) for i in n])
 
 
-def _next_block_np(pc_top, halt, schedule, model_blocks):
+def _next_block_np(pc_top, halt, schedule, model_blocks,
+                   halting_blocks=()):
   """The schedules as the `schedule` module documents them, in NumPy."""
   if schedule == "lowest_pc":
     return min(pc_top.min(), halt)
   counts = np.bincount(pc_top[pc_top < halt], minlength=halt)
   if schedule == "primitives_last":
-    others = counts * (1 - np.asarray(model_blocks))
-    if others.any():
-      counts = others
+    halting = np.isin(np.arange(halt), list(halting_blocks))
+    model = np.asarray(model_blocks, bool)
+    for deferred in (model | halting, halting):
+      if (counts * ~deferred).any():
+        counts = counts * ~deferred
+        break
   if not counts.any():
     return halt
   if schedule == "most_waiting":
@@ -105,3 +109,51 @@ def test_every_schedule_gives_the_same_results(schedule):
   n = np.arange(9, dtype=np.int32)
   want = [int(_model_in_a_loop.run_unbatched(np.int32(i))) for i in n]
   np.testing.assert_array_equal(runtime.run([tf.constant(n)], None), want)
+
+
+@tab.batch
+def _model_then_one_more(n):
+  total = _model_in_a_loop(n)
+  return total + 1
+
+
+def test_halting_blocks_are_the_entrys_returns_where_nothing_calls_it():
+  # fib's entry calls itself: a member that returns there may go on.
+  assert not schedule_lib.halting_blocks(pipeline.stack_program(fib, INT))
+  program = pipeline.stack_program(_model_then_one_more, INT)
+  labels = [program.blocks[i].label
+            for i in schedule_lib.halting_blocks(program)]
+  assert labels == ["_model_then_one_more/entry.1"]
+
+
+@hypothesis.settings(max_examples=100, deadline=None)
+@hypothesis.given(pc_top=st.lists(st.integers(0, 9), min_size=1, max_size=9))
+# A member at the halting block waits for the others, model blocks too.
+@hypothesis.example(pc_top=[1, 1, 1, 3])
+@hypothesis.example(pc_top=[1, 1, 5])
+@hypothesis.example(pc_top=[1, 9])
+def test_primitives_last_runs_a_halting_block_after_every_other(pc_top):
+  program = pipeline.stack_program(_model_then_one_more, INT)
+  halt = program.halt
+  model_blocks = [int(ir2.calls_batched_primitive(b))
+                  for b in program.blocks]
+  halting = schedule_lib.halting_blocks(program)
+  assert halt == 9 and halting == {1} and model_blocks.index(1) == 3
+  pc_top = np.array(pc_top, np.int32)
+  got = schedule_lib.Schedule(program, "primitives_last").next_block(
+      tf.constant(pc_top))
+  assert int(got) == _next_block_np(pc_top, halt, "primitives_last",
+                                    model_blocks, halting)
+
+
+@pytest.mark.parametrize("backend", ["pc:graph", "pc:xla"])
+def test_the_halting_block_runs_once_for_every_member(backend):
+  # Members finish the helper at different steps; each would run the
+  # entry's last block when it got there (the lowest block of the program)
+  # where now it waits and runs once, at the end.
+  n = np.arange(9, dtype=np.int32)
+  want = [int(_model_in_a_loop.run_unbatched(np.int32(i))) + 1 for i in n]
+  np.testing.assert_array_equal(
+      _model_then_one_more(n, backend=backend), want)
+  stats = _model_then_one_more.last_stats
+  assert stats.block_executions["_model_then_one_more/entry.1"] == 1

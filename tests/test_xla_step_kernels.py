@@ -61,11 +61,16 @@ def _program_with_model_blocks(num_blocks, model_blocks):
   """A stand-in IR-2 program: `num_blocks` blocks, those in `model_blocks`
   calling a batched primitive (all `Schedule` reads of a program)."""
   class Block:
-    def __init__(self, calls):
+    def __init__(self, i, calls):
+      self.label = f"f/b{i}"
       self.calls = calls
+      # The last block returns from the entry, which no block calls: a
+      # halting block (`schedule.halting_blocks`), a tier of its own.
+      self.terminator = (ir2.Return() if i == num_blocks - 1
+                         else ir2.Jump(f"f/b{i + 1}"))
   class Program:
     halt = num_blocks
-    blocks = [Block(i in model_blocks) for i in range(num_blocks)]
+    blocks = [Block(i, i in model_blocks) for i in range(num_blocks)]
   return Program
 
 
@@ -84,7 +89,8 @@ def test_primitives_last_schedule_takes_three_kernels_a_step(monkeypatch):
 
   kernels = _loop_body_kernels(loop, tf.constant([1, 2, 3, 4]))
   # The loop's own `i + 1`, the copy of `i` and the pc update, then the
-  # schedule: the members per block, both maxima (one reduction), the pick.
+  # schedule: the members per block, every tier's maximum (one
+  # reduction), the pick.
   # Four when the maxima were two reductions and the masked counts a
   # kernel of their own (five in the NUTS program's loop).
   loop_own = 3

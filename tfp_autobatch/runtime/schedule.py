@@ -12,8 +12,11 @@ picks that block from the members' program counters:
   call's `RunStats` counts its steps);
 - "primitives_last" (the backends' default): crowded_lowest_pc, except
   that blocks calling a `@batched_primitive` run only when no other block
-  has members, so the model runs on as many members as can reach it;
-  without batched primitives it is crowded_lowest_pc.
+  has members, so the model runs on as many members as can reach it, and
+  the program's halting blocks (`halting_blocks`) only when no block
+  outside them has members: a member there has nothing left but that
+  block, so it runs once for all of them at the end. Without either it is
+  crowded_lowest_pc.
 """
 import numpy as np
 import tensorflow as tf
@@ -33,13 +36,23 @@ class Schedule:
       raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     self.name = schedule
     self._halt = program.halt
-    calls_model = [ir2.calls_batched_primitive(b) for b in program.blocks]
     # The schedule's constants, as NumPy arrays: each a constant of the
     # graph where a step is traced (computed there, they were a few ops
     # each, in every dispatch loop's step).
-    self._not_model = (
-        1 - np.array(calls_model, np.int32)
-        if schedule == "primitives_last" and any(calls_model) else None)
+    # primitives_last's tiers, each a mask of the blocks that may run while
+    # one of them has members, the first tier first (see `next_block`):
+    # the blocks outside the model and the halting blocks, then those
+    # outside the halting blocks; the rest run last.
+    self._tiers = []
+    if schedule == "primitives_last":
+      calls_model = np.array(
+          [ir2.calls_batched_primitive(b) for b in program.blocks], bool)
+      halting = np.zeros(self._halt, bool)
+      halting[list(halting_blocks(program))] = True
+      for deferred in (calls_model | halting, halting):
+        if deferred.any() and not any(
+            np.array_equal(1 - deferred, t) for t in self._tiers):
+          self._tiers.append((1 - deferred).astype(np.int32))
     self._blocks = np.arange(self._halt, dtype=np.int32)
 
   def next_block(self, pc_top):
@@ -65,20 +78,23 @@ class Schedule:
       # halted members' segment is dropped.
       counts = tf.math.unsorted_segment_sum(
           tf.ones_like(pc_top), pc_top, halt + 1)[:halt]
-    if self._not_model is None:
+    if not self._tiers:
       most = tf.reduce_max(counts)
     else:
-      # Blocks that call a @batched_primitive (the model: the expensive
-      # part) wait while any other block has members, so that they run for
-      # as many members as can reach them. Both maxima in one reduction,
-      # the mask applied inside it: under XLA each reduction, and a masked
-      # count that two of them read, was a kernel launched every VM step.
-      most, most_others = tf.unstack(tf.reduce_max(
-          counts * np.stack([np.ones_like(self._not_model),
-                             self._not_model]), 1))
-      others_wait = most_others > 0
-      counts = tf.where(others_wait, counts * self._not_model, counts)
-      most = tf.where(others_wait, most_others, most)
+      # A tier's blocks wait while the tier before it has members: the
+      # model (the expensive part) runs for as many members as can reach
+      # it, and a halting block once, at the end. Every tier's maximum in
+      # one reduction, the masks applied inside it: under XLA each
+      # reduction, and a masked count that two of them read, was a kernel
+      # launched every VM step.
+      maxima = tf.unstack(tf.reduce_max(
+          counts * np.stack([np.ones(halt, np.int32)] + self._tiers), 1))
+      tier_counts, most = counts, maxima[0]
+      for mask, tier_most in reversed(list(zip(self._tiers, maxima[1:]))):
+        waiting = tier_most > 0
+        tier_counts = tf.where(waiting, counts * mask, tier_counts)
+        most = tf.where(waiting, tier_most, most)
+      counts = tier_counts
     if self.name in ("crowded_lowest_pc", "primitives_last"):
       # The lowest block holding at least half as many members as the most
       # crowded one: keeps lowest-pc's depth-first recursion, but does not
@@ -87,3 +103,18 @@ class Schedule:
     else:
       picked = tf.logical_and(counts > 0, counts >= most)
     return tf.reduce_min(tf.where(picked, self._blocks, halt))
+
+
+def halting_blocks(program):
+  """The blocks after which a member halts: those of the entry function
+  (the program's first block's) that return, where no call enters that
+  function again. Running one waits for nothing and nothing waits for it.
+  """
+  entry = ir2.function_of(program.blocks[0].label)
+  if any(ir2.call_of(b.terminator) is not None
+         and ir2.callee_of(ir2.call_of(b.terminator)) == entry
+         for b in program.blocks):
+    return frozenset()
+  return frozenset(i for i, b in enumerate(program.blocks)
+                   if ir2.function_of(b.label) == entry
+                   and isinstance(b.terminator, ir2.Return))
