@@ -43,10 +43,11 @@ def test_collatz_loop_body_is_one_block_one_step_per_iteration():
     np.testing.assert_array_equal(collatz(x, backend=backend),
                                   [0, 16, 111, 118])
   # Members on different arms share each step: the entry, 118 iterations
-  # and the exit, which the member done at once takes first (before: a step
-  # per arm taken, 146 here).
+  # and the exit, which runs once for every member at the end (a halting
+  # block: `schedule.halting_blocks`; before: a step per arm taken, 146
+  # here).
   collatz(x, backend="pc:eager")
-  assert collatz.last_stats.steps == 121
+  assert collatz.last_stats.steps == 120
 
 
 @tab.batch
@@ -261,10 +262,9 @@ def test_floating_point_ifs_are_selects_on_pc_xla_only():
     steps[backend] = _float_collatz.last_stats.steps
   # Members on different arms share each step, as in collatz's integer
   # `if` on every backend: the entry, an iteration each and the exit,
-  # which the member done at once takes first (121 steps; 148 with the
-  # `if` a branch, on pc:graph).
+  # once at the end (120 steps; 148 with the `if` a branch, on pc:graph).
   collatz(x.astype(np.int32), backend="pc:xla")
-  assert steps["pc:xla"] == collatz.last_stats.steps == 121, steps
+  assert steps["pc:xla"] == collatz.last_stats.steps == 120, steps
   assert steps["pc:graph"] >= steps["pc:xla"] + 20, steps
   # pc:xla's program runs as it should one example at a time too.
   program = pipeline.typed_program(_float_collatz, F32, "pc:xla")
