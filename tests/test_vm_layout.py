@@ -292,17 +292,18 @@ def _tree_sum(left, right, value, n):
       left, right, value, right[n])
 
 
-def _balanced_trees(z):
-  """z trees of 16 nodes (arrays [z, 16]): tree i's first 2 * (i % 4) + 1
-  nodes are a left comb, padded with leaves never reached; node 0 is the
-  root."""
+def _left_combs(z):
+  """z trees of 16 nodes (arrays [z, 16]), node 0 the root: tree i's
+  first 2 * (i % 4) + 1 nodes are a left comb (node 2k's left child is
+  2k + 2, its right child 2k + 1, a leaf), the other nodes leaves never
+  reached."""
   nodes = vm_layout.INTEGER_ARRAY_BANK_FROM_ELEMENTS
   left = np.full([z, nodes], -1, np.int32)
   right = np.full([z, nodes], -1, np.int32)
   value = np.arange(z * nodes, dtype=np.int32).reshape(z, nodes)
   for i in range(z):
-    for k in range(i % 4):   # node 2k has children 2k + 1 (right leaf) and
-      left[i, 2 * k] = 2 * k + 2   # 2k + 2
+    for k in range(i % 4):
+      left[i, 2 * k] = 2 * k + 2
       right[i, 2 * k] = 2 * k + 1
   return left, right, value
 
@@ -321,7 +322,7 @@ def test_integer_arrays_are_banked_and_written_only_by_their_writers():
   # sizes (few integer leaves, 4 members), arrays go to int32 banks, which
   # only their writers' dispatches scatter to.
   z = 4
-  left, right, value = _balanced_trees(z)
+  left, right, value = _left_combs(z)
   roots = np.zeros([z], np.int32)
   want = [_tree_sum_oracle(left[i], right[i], value[i], 0) for i in range(z)]
   np.testing.assert_array_equal(
@@ -337,10 +338,11 @@ def test_integer_arrays_are_banked_and_written_only_by_their_writers():
   # No variable's register with a per-member shape is left in the file
   # (the VM's own index-fault records are).
   flat = tf.nest.flatten(layout.state)
-  assert all(flat[i].shape.rank == 1 or owner == vm_layout.NO_VARIABLE
-             for i, (slot, owner) in enumerate(zip(
-                 layout.banks._slots, layout.owners))  # pylint: disable=protected-access
-             if slot is None)
+  filed = layout.banks.rest(
+      tf.nest.pack_sequence_as(layout.state, range(len(flat))))
+  assert all(flat[i].shape.rank == 1
+             or layout.owners[i] == vm_layout.NO_VARIABLE for i in filed)
+  assert any(flat[i].shape.rank > 1 for i in filed)   # the fault records
 
 
 @tab.batch

@@ -225,9 +225,10 @@ def _integer_leaves_to_bank(state, owners, batch_size):
   arrays per member, set by the entry block alone), which in the file
   were most of what every step of its descent copied.
   """
+  specs = tf.nest.flatten(state)
   integer = [owner != NO_VARIABLE
              and register_file.is_integer_or_bool(spec.dtype)
-             for spec, owner in zip(tf.nest.flatten(state), owners)]
+             for spec, owner in zip(specs, owners)]
   wide = (sum(integer) >= INTEGER_BANKS_FROM_LEAVES
           and batch_size is not None
           and batch_size >= INTEGER_BANKS_FROM_BATCH)
@@ -235,8 +236,7 @@ def _integer_leaves_to_bank(state, owners, batch_size):
     elements = spec.shape[1:].num_elements()
     return (elements is not None
             and elements >= INTEGER_ARRAY_BANK_FROM_ELEMENTS)
-  return [i and (wide or array(spec))
-          for i, spec in zip(integer, tf.nest.flatten(state))]
+  return [i and (wide or array(spec)) for i, spec in zip(integer, specs)]
 
 
 def plan(program, batch_size, depth, xla, live_out=None):
