@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tfp_autobatch as tab
+import pc_testing
 from pc_testing import INT, cheap_double_all, model_first, repeated
 from tfp_autobatch import pipeline
 from tfp_autobatch.runtime import batched_primitive_calls
@@ -244,3 +245,71 @@ def test_work_on_a_fixed_matrix_that_stays_in_the_loop_is_named_under_xla(
   # A factor computed from the primitive's inputs is not such work.
   _solve_own_repeatedly(x, n, backend="pc:xla")
   assert "does not depend on its inputs" not in caplog.text
+
+
+@tab.batched_primitive(fine_buckets=True)
+def _double_all_in_fine_buckets(x):
+  return pc_testing.double_all.fn(x)
+
+
+@tab.batch
+def _fine_model_first(n):
+  y = _double_all_in_fine_buckets(n)
+  if n <= 0:
+    return y
+  return _fine_model_first(n - 1) + y
+
+
+def test_fine_buckets_pad_the_members_by_a_third_at_most():
+  # model_first's calls for 16, 15, ..., 1 members: with fine_buckets the
+  # primitive runs on the smallest of 16, 12, 8, 6, 4, 1 rows that holds
+  # them, fewer rows in all than the halvings' 16, 8, 4, 1.
+  n = np.arange(16, dtype=np.int32)
+  np.testing.assert_array_equal(_fine_model_first(n, backend="pc:xla"),
+                                n * (n + 1))
+  members = 16 - np.arange(16)
+  fine = [min(b for b in (16, 12, 8, 6, 4, 1) if b >= m) for m in members]
+  halvings = [min(b for b in (16, 8, 4, 1) if b >= m) for m in members]
+  assert _fine_model_first.last_stats.batched_primitive_rows == sum(fine)
+  assert sum(fine) < sum(halvings)
+  model_first(n, backend="pc:xla")
+  assert model_first.last_stats.batched_primitive_rows == sum(halvings)
+  # The other backends compute exactly the members' rows either way.
+  np.testing.assert_array_equal(_fine_model_first(n, backend="pc:graph"),
+                                n * (n + 1))
+  assert _fine_model_first.last_stats.batched_primitive_rows == sum(members)
+
+
+def test_fine_buckets_keep_halvings_in_a_gradient_and_get_it_right():
+  # The reverse VM's buckets are the halvings (each size compiles the
+  # gradient too); the gradient is the same as without fine buckets.
+  n = tf.constant(np.arange(16, dtype=np.int32))
+  x = tf.constant(np.linspace(-1., 1., 16, dtype=np.float32))
+
+  def grad(fn):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.reduce_sum(fn(x, n, backend="pc:xla") ** 2)
+    return tape.gradient(y, x), fn.last_stats
+
+  coarse, _ = grad(repeated(pc_testing.double_all))
+  fine, stats = grad(repeated(_double_all_in_fine_buckets))
+  np.testing.assert_allclose(fine, coarse, rtol=1e-6)
+  np.testing.assert_allclose(fine, 2 * x * 4. ** n.numpy(), rtol=1e-5)
+  members = [16 - k for k in range(1, 16)]
+  assert stats.batched_primitive_rows == sum(
+      min(b for b in (16, 8, 4, 1) if b >= m) for m in members)
+
+
+def test_fine_bucket_sizes_step_by_three_quarters_from_four_rows():
+  fine = batched_primitive_calls.fine_bucket_sizes
+  sizes = batched_primitive_calls.member_bucket_sizes
+  assert fine(sizes(None, 64), 64) == [48, 32, 24, 16, 12, 8, 6, 4, 1]
+  assert fine(sizes(None, 13), 13) == [10, 7, 6, 4, 1]
+  assert fine(sizes(None, 5), 5) == [4, 1]
+  assert fine(sizes(None, 4), 4) == []
+
+
+def test_fine_buckets_must_be_a_bool():
+  with pytest.raises(TypeError, match="fine_buckets must be True or False"):
+    tab.batched_primitive(lambda x: x, fine_buckets="yes")

@@ -19,10 +19,12 @@ class BatchedPrimitiveBase:
   """A `@tab.batched_primitive`: a call of it becomes a batched `Primitive`.
 
   Subclasses set `fn`, the function that maps over the batch itself, and
-  `output_signature`, what it returns (see `tab.batched_primitive`).
+  `output_signature`, what it returns, and `fine_buckets`, how its
+  members are gathered under XLA (see `tab.batched_primitive`).
   """
   fn = None
   output_signature = None
+  fine_buckets = False
 
   def as_primitive_fn(self):
     """`fn` as a primitive's code: its result as a one-output tuple."""

@@ -144,7 +144,8 @@ class ExpressionLowering(ast.NodeTransformer):
     else:
       code = ir1.Code(value.as_primitive_fn(), ast.unparse(node),
                       self.c.filename, node.lineno,
-                      declared_outputs=value.declared_outputs)
+                      declared_outputs=value.declared_outputs,
+                      fine_buckets=value.fine_buckets)
       self.c.ops.append(ir1.Primitive((out,), code, ins, batched=True))
     return ast.copy_location(ast.Name(out, ast.Load()), node)
 

@@ -43,6 +43,8 @@ class Code:
   `@tab.batched_primitive` given an `output_signature`:
   `declared_outputs(*input_specs)` is the tuple of its outputs'
   `tf.TensorSpec`s (batch dimension None), or None where not declared.
+  `fine_buckets`: whether such a primitive asked for buckets at every 3/4
+  step under XLA (`tab.batched_primitive`).
   """
   fn: Callable
   source: str
@@ -51,6 +53,7 @@ class Code:
   read_lines: tuple = ()   # (input, the line of its first read), per input
   subscripts: tuple = ()
   declared_outputs: Callable = None
+  fine_buckets: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,10 +83,25 @@ def member_bucket_sizes(z, static_z):
   return sizes
 
 
-def on_members_in_buckets(kernel_for, z, members, ins, skip):
+def fine_bucket_sizes(sizes, static_z):
+  """`sizes` (`member_bucket_sizes` of a batch of `static_z`) with three
+  quarters of each size and of the batch between them (rounded up, from
+  `ALL_ROWS_UP_TO` rows), largest first: a call then pads its members by a
+  third at most, where halvings pad them by up to twice
+  (`tab.batched_primitive`'s `fine_buckets`)."""
+  fine = set(sizes)
+  for size in [static_z] + list(sizes):
+    three_quarters = (3 * size + 3) // 4
+    if ALL_ROWS_UP_TO <= three_quarters < static_z:
+      fine.add(three_quarters)
+  return sorted(fine, reverse=True)
+
+
+def on_members_in_buckets(kernel_for, z, members, ins, skip, fine=False):
   """`(the kernel's outputs on all Z rows, rows computed, members)`,
   computing only on the members' rows gathered into the smallest bucket
-  (see `member_bucket_sizes`) that holds them, with `kernel_for(rows)`,
+  (see `member_bucket_sizes`; with `fine`, `fine_bucket_sizes`) that holds
+  them, with `kernel_for(rows)`,
   the kernel for that many rows; the outputs of the other rows
   are junk, which the block discards. With no members (a guarded call
   whose guard holds for none) it computes nothing and returns `skip()`.
@@ -94,7 +109,7 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   static once compiled). Up to `ALL_ROWS_UP_TO` rows, and for a kernel
   that costs little per row (`buckets_pay`), there are no buckets: the
   call runs on every row, or not at all."""
-  count, sizes, index = _bucket_choice(kernel_for, z, members, ins)
+  count, sizes, index = _bucket_choice(kernel_for, z, members, ins, fine)
 
   def everyone():
     return list(kernel_for(z)(z, *ins)), z
@@ -113,9 +128,10 @@ def on_members_in_buckets(kernel_for, z, members, ins, skip):
   return opaque_to_constant_inference(outs), rows, count
 
 
-def _bucket_choice(kernel_for, z, members, ins):
+def _bucket_choice(kernel_for, z, members, ins, fine):
   """`(count, sizes, index)`: the members' count, the bucket sizes
-  (`member_bucket_sizes`, none where they do not pay: `buckets_pay`) and
+  (`member_bucket_sizes`, with `fine` `fine_bucket_sizes`, none where they
+  do not pay: `buckets_pay`) and
   the branch to run: 0 for every row, i for `sizes[i - 1]`, and
   `len(sizes) + 1` for no members. `on_members_in_buckets` and its
   gradient (`on_members_in_buckets_with_vjp`) branch on the same."""
@@ -123,6 +139,8 @@ def _bucket_choice(kernel_for, z, members, ins):
   sizes = member_bucket_sizes(z, members.shape[0])
   if sizes and not buckets_pay(kernel_for(z), z, ins):
     sizes = []
+  elif fine and members.shape[0] is not None:
+    sizes = fine_bucket_sizes(sizes, members.shape[0])
   # Sizes fall, largest first: the last one holding `count` wins;
   # past them (the 0), the branch for no members.
   index = tf.reduce_sum(tf.cast(tf.stack(sizes + [0]) >= count, tf.int32))
@@ -271,8 +289,14 @@ def on_members_in_buckets_with_vjp(kernel_for, z, members, ins, skip):
   TensorFlow's gradient of the forward conditional would instead make its
   branches return every intermediate the gradient reads, and XLA copies
   each intermediate that is a branch's input (the model's weights, at
-  every call)."""
-  count, sizes, index = _bucket_choice(kernel_for, z, members, ins)
+  every call).
+
+  Its buckets are the halvings, whatever the primitive's `fine_buckets`:
+  here each size traces and compiles the kernel's gradient as well, which
+  for the TreeLSTM's training step cost half again its first call for a
+  few percent off the step."""
+  count, sizes, index = _bucket_choice(kernel_for, z, members, ins,
+                                       fine=False)
   flat_ins = tf.nest.flatten(ins)
   float_positions = [i for i, x in enumerate(flat_ins) if x.dtype.is_floating]
 

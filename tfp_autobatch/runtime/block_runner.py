@@ -314,7 +314,8 @@ class BlockExecution:
       # CorrelationCholesky bijector, as in LKJ models).
       return batched_primitive_calls.on_members_in_buckets(
           functools.partial(self.kernel_of, op, move_into=move_into),
-          self.z, self.members(guard), ins, skip)
+          self.z, self.members(guard), ins, skip,
+          fine=op.code.fine_buckets)
     return batched_primitive_calls.on_members_exactly(
         self.kernel_of(op, move_into=move_into), self.members(guard), ins,
         skip, eager=self.mode == "eager")

@@ -86,9 +86,10 @@ class RunStats:
     summed over calls (the program-counter runtime; None where not
     counted). A call computes its members gathered: exactly their rows
     under pc:graph and pc:eager; under XLA the smallest of Z, Z/2, ..., 1
-    rows (rounded up) that holds them, and all Z rows at a batch of at
-    most `batched_primitive_calls.ALL_ROWS_UP_TO`, so there it lies
-    between the members and the batch size.
+    rows (rounded up; with 3Z/4, 3Z/8, ... too for a primitive with
+    `fine_buckets`, outside a gradient) that holds them, and all Z rows at
+    a batch of at most `batched_primitive_calls.ALL_ROWS_UP_TO`, so there
+    it lies between the members and the batch size.
   batched_primitive_members: how many members each `@batched_primitive`
     call was made for, as a histogram `{members: calls}` (the
     program-counter runtime; None where not counted). A guarded call that
