@@ -66,12 +66,20 @@ def cheap_double_all(x):
   return 2 * x
 
 
-@tab.batch
-def model_first(n):
-  y = double_all(n)
-  if n <= 0:
-    return y
-  return model_first(n - 1) + y
+def calls_model_first(primitive):
+  """A batched `model_first(n)` that calls the `@tab.batched_primitive`
+  `primitive` on n, then itself on n - 1 down to 0, adding up: its k-th
+  model call is made for the members whose n >= k."""
+  @tab.batch
+  def model_first(n):
+    y = primitive(n)
+    if n <= 0:
+      return y
+    return model_first(n - 1) + y
+  return model_first
+
+
+model_first = calls_model_first(double_all)
 
 
 def repeated(primitive):

@@ -108,12 +108,7 @@ def test_a_few_members_need_no_member_buckets():
       4: 1, 3: 1, 2: 1, 1: 1}
 
 
-@tab.batch
-def cheap_model_first(n):
-  y = cheap_double_all(n)
-  if n <= 0:
-    return y
-  return cheap_model_first(n - 1) + y
+cheap_model_first = pc_testing.calls_model_first(cheap_double_all)
 
 
 def test_a_cheap_model_runs_on_every_row_a_costly_one_in_buckets():
@@ -252,12 +247,7 @@ def _double_all_in_fine_buckets(x):
   return pc_testing.double_all.fn(x)
 
 
-@tab.batch
-def _fine_model_first(n):
-  y = _double_all_in_fine_buckets(n)
-  if n <= 0:
-    return y
-  return _fine_model_first(n - 1) + y
+_fine_model_first = pc_testing.calls_model_first(_double_all_in_fine_buckets)
 
 
 def test_fine_buckets_pad_the_members_by_a_third_at_most():
