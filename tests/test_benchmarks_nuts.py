@@ -137,7 +137,12 @@ def test_benchmark_runs_every_system(tmp_path):
       assert math.isfinite(r[key]) and r[key] > 0, (key, r)
     if r["system"] != "stan":   # Stan's own warm-up: warmup_sec
       # One untimed step after the first call (num_burnin=2), timed apart.
-      assert 0 < r["burnin_sec"] < r["first_call_sec"] + r["timed_sec"], r
+      assert 0 < r["burnin_sec"], r
+      if r["system"] != "unbatched":
+        # Not folded into the first call. (`unbatched` runs eagerly and
+        # compiles nothing, so its first call is one more such step, and
+        # on a loaded machine either can take longer.)
+        assert r["burnin_sec"] < r["first_call_sec"] + r["timed_sec"], r
     assert 0 < r["utilization"] <= 1, r
     assert r["grads_used"] > 0 and r["grads_computed"] >= r["grads_used"], r
     if r["ess_per_sec"] is not None:   # two draws: ESS may be undefined
