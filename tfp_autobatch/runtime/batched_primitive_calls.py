@@ -292,9 +292,8 @@ def on_members_in_buckets_with_vjp(kernel_for, z, members, ins, skip):
   every call).
 
   Its buckets are the halvings, whatever the primitive's `fine_buckets`:
-  here each size traces and compiles the kernel's gradient as well, which
-  for the TreeLSTM's training step cost half again its first call for a
-  few percent off the step."""
+  here each size traces and compiles the kernel's gradient as well, so
+  more sizes lengthen the first call by more than the padded rows save."""
   count, sizes, index = _bucket_choice(kernel_for, z, members, ins,
                                        fine=False)
   flat_ins = tf.nest.flatten(ins)
