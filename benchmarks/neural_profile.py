@@ -28,7 +28,11 @@ pass (its steps taken back one block at a time). Each kernel is charged
 A place's runs are its block's executions (the loop's: VM steps), from a
 `pc:graph` call on the same batch, the program the reverse VM runs.
 (The VM `pc:xla` compiled runs under a tape only on a batch size's first
-call, which is not profiled.) Kernel times are summed over threads (see
+call, which is not profiled.) A line above the tables gives the matrix
+products' floating-point operations a gradient (two a multiply-add,
+counted from the dots of XLA's optimised programs), their kernels' time
+and so their rate (`xla_profile.matrix_products`). Kernel times are
+summed over threads (see
 `benchmarks.nuts_profile` for what that means when reading them).
 """
 import numpy as np
@@ -110,6 +114,7 @@ def profile(workload, batch_size, batched_cells, warmup, repeats,
       "step_ms": float(np.median(times)) * 1e3,
       "profiled_step_ms": profiled * 1e3,
       "kernel_ms_per_step": sum(p["us_per_step"] for p in places) / 1e3,
+      "matrix_products": xla_profile.matrix_products(kernels, "step"),
       "places": places, "kernels": kernels,
   }
 

@@ -21,6 +21,11 @@ to where that instruction sits:
 - "around the VM": the kernel's code before and after the batched program
   (flattening the state, the chains' seeds, the results).
 
+A line above the tables gives the matrix products' floating-point
+operations a transition (two a multiply-add, counted from the dots of
+XLA's optimised program), their kernels' time and so their rate
+(`xla_profile.matrix_products`), where the model has any.
+
 Kernel times are summed over threads: XLA splits some kernels across the
 intra-op thread pool and runs some beside others, so the sum can exceed the
 transition's wall time (`transition_ms`, the median of `--repeats` calls
@@ -83,6 +88,7 @@ def profile(problem, chains, num_trajectories, warmup, repeats):
       "profiled_transition_ms": profiled * 1e3,
       "kernel_ms_per_transition": sum(
           p["us_per_transition"] for p in places) / 1e3,
+      "matrix_products": xla_profile.matrix_products(kernels, "transition"),
       "places": places, "kernels": kernels,
   }
 

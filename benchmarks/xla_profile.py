@@ -65,6 +65,10 @@ class HloIndex:
           blocks_in[computation.id].add(block)
     self._computation_of = {ins.id: c for ins, c in
                             self.instructions.values()}
+    self._by_id = {ins.id: ins for ins, _ in self.instructions.values()}
+    self._in_computation = collections.defaultdict(list)
+    for ins, computation in self.instructions.values():
+      self._in_computation[computation].append(ins)
     # A conditional's branch whose named instructions are all one block's.
     self._branch_block = {c: next(iter(b)) for c, b in blocks_in.items()
                           if len(b) == 1 and c in self._caller
@@ -126,6 +130,29 @@ class HloIndex:
       text += (f" (lhs contracting {list(numbers.lhs_contracting_dimensions)},"
                f" rhs contracting {list(numbers.rhs_contracting_dimensions)})")
     return text
+
+
+  def product_float_ops(self, name):
+    """The floating-point operations of instruction `name`'s matrix
+    products, two a multiply-add: a dot's own, or the dots inside a fusion
+    (or another instruction's callees); 0 for anything else."""
+    return self._dot_float_ops(self.instructions[name][0])
+
+  def _dot_float_ops(self, ins):
+    if ins.opcode == "dot":
+      lhs = self._by_id[ins.operand_ids[0]].shape.dimensions
+      contracted = 1
+      for d in ins.dot_dimension_numbers.lhs_contracting_dimensions:
+        contracted *= lhs[d]
+      out = 1
+      for d in ins.shape.dimensions:
+        out *= d
+      return 2 * out * contracted
+    if ins.opcode in CONTAINERS:   # their callees are kernels of their own
+      return 0
+    return sum(self._dot_float_ops(inner)
+               for callee in ins.called_computation_ids
+               for inner in self._in_computation[callee])
 
 
 def _shape(shape):
@@ -231,6 +258,7 @@ def charged_kernels(space, scopes, label, repeats, per):
       f"calls_per_{per}": calls[(pid, name)] / repeats,
       f"us_per_{per}": seconds[(pid, name)] / repeats * 1e6,
       "us_per_call": seconds[(pid, name)] / calls[(pid, name)] * 1e6,
+      "product_float_ops_per_call": indexes[pid].product_float_ops(name),
   } for pid, name in seconds]
   kernels.sort(key=lambda k: -k[f"us_per_{per}"])
   return kernels
@@ -279,11 +307,32 @@ def tables(places, kernels, top, per):
   return lines
 
 
+def matrix_products(kernels, per):
+  """The kernels' matrix products (`HloIndex.product_float_ops`):
+  `{"gflop_per_<per>": ..., "us_per_<per>": ..., "gflop_per_s": ...}`,
+  their operations and kernel time per `per`, and their rate (None
+  without products)."""
+  gflop = sum(k["product_float_ops_per_call"] * k[f"calls_per_{per}"]
+              for k in kernels) / 1e9
+  us = sum(k[f"us_per_{per}"] for k in kernels
+           if k["product_float_ops_per_call"])
+  return {f"gflop_per_{per}": gflop, f"us_per_{per}": us,
+          "gflop_per_s": gflop / (us / 1e6) if us else None}
+
+
 def report(summary, record, top, per):
-  """A profiling program's report: its `summary` line, then the tables of
+  """A profiling program's report: its `summary` line, a line on the
+  matrix products (`matrix_products`), then the tables of
   `record["places"]` and `record["kernels"]`."""
-  return "\n".join([summary, ""] + tables(record["places"],
-                                          record["kernels"], top, per))
+  products = matrix_products(record["kernels"], per)
+  lines = [summary]
+  if products["gflop_per_s"] is not None:
+    lines.append(
+        f"matrix products: {products[f'gflop_per_{per}']:.2f} GFLOP a "
+        f"{per}, {products[f'us_per_{per}'] / 1e3:.1f} ms of kernels, "
+        f"{products['gflop_per_s']:.1f} GFLOP/s")
+  return "\n".join(lines + [""] + tables(record["places"],
+                                         record["kernels"], top, per))
 
 
 def define_report_flags(flag_values, work):
