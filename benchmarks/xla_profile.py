@@ -12,6 +12,7 @@ in a block of one of the scopes, in that scope's loop outside its blocks,
 or around them.
 """
 import collections
+import math
 import os
 import re
 import tempfile
@@ -53,6 +54,8 @@ class HloIndex:
         r"(?:^|/)(" + "|".join(map(re.escape, scopes)) + r")(\d+)/")
     self.instructions = {}    # name -> (HloInstructionProto, computation id)
     self._caller = {}         # computation id -> (instruction, branch index)
+    self._in_computation = {c.id: list(c.instructions)
+                            for c in module.computations}
     blocks_in = collections.defaultdict(set)   # computation id -> blocks
     for computation in module.computations:
       for ins in computation.instructions:
@@ -66,9 +69,6 @@ class HloIndex:
     self._computation_of = {ins.id: c for ins, c in
                             self.instructions.values()}
     self._by_id = {ins.id: ins for ins, _ in self.instructions.values()}
-    self._in_computation = collections.defaultdict(list)
-    for ins, computation in self.instructions.values():
-      self._in_computation[computation].append(ins)
     # A conditional's branch whose named instructions are all one block's.
     self._branch_block = {c: next(iter(b)) for c, b in blocks_in.items()
                           if len(b) == 1 and c in self._caller
@@ -131,7 +131,6 @@ class HloIndex:
                f" rhs contracting {list(numbers.rhs_contracting_dimensions)})")
     return text
 
-
   def product_float_ops(self, name):
     """The floating-point operations of instruction `name`'s matrix
     products, two a multiply-add: a dot's own, or the dots inside a fusion
@@ -141,13 +140,9 @@ class HloIndex:
   def _dot_float_ops(self, ins):
     if ins.opcode == "dot":
       lhs = self._by_id[ins.operand_ids[0]].shape.dimensions
-      contracted = 1
-      for d in ins.dot_dimension_numbers.lhs_contracting_dimensions:
-        contracted *= lhs[d]
-      out = 1
-      for d in ins.shape.dimensions:
-        out *= d
-      return 2 * out * contracted
+      contracted = math.prod(
+          lhs[d] for d in ins.dot_dimension_numbers.lhs_contracting_dimensions)
+      return 2 * math.prod(ins.shape.dimensions) * contracted
     if ins.opcode in CONTAINERS:   # their callees are kernels of their own
       return 0
     return sum(self._dot_float_ops(inner)
@@ -321,10 +316,10 @@ def matrix_products(kernels, per):
 
 
 def report(summary, record, top, per):
-  """A profiling program's report: its `summary` line, a line on the
-  matrix products (`matrix_products`), then the tables of
+  """A profiling program's report: its `summary` line, a line on
+  `record["matrix_products"]` (`matrix_products`), then the tables of
   `record["places"]` and `record["kernels"]`."""
-  products = matrix_products(record["kernels"], per)
+  products = record["matrix_products"]
   lines = [summary]
   if products["gflop_per_s"] is not None:
     lines.append(

@@ -55,12 +55,14 @@ def test_report_states_the_products_when_there_are_any():
             "calls_per_step": 1.0, "us_per_step": us, "us_per_call": us,
             "product_float_ops_per_call": ops}
   kernels = [kernel("MatMul.1", 2e9, 40e3), kernel("copy.1", 0, 10e3)]
-  places = xla_profile.by_place(kernels, {}, per="step")
-  text = xla_profile.report("summary", {"places": places,
-                                        "kernels": kernels}, 5, per="step")
+  def record(kernels):
+    return {"places": xla_profile.by_place(kernels, {}, per="step"),
+            "kernels": kernels,
+            "matrix_products": xla_profile.matrix_products(kernels, "step")}
+  text = xla_profile.report("summary", record(kernels), 5, per="step")
   assert text.splitlines()[:2] == [
       "summary", "matrix products: 2.00 GFLOP a step, 40.0 ms of kernels, "
       "50.0 GFLOP/s"]
-  no_products = xla_profile.report(
-      "summary", {"places": places, "kernels": kernels[1:]}, 5, per="step")
+  no_products = xla_profile.report("summary", record(kernels[1:]), 5,
+                                  per="step")
   assert "matrix products" not in no_products
