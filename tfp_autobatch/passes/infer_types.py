@@ -24,6 +24,7 @@ from tfp_autobatch.ir import ir1
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.operators import pyops
 from tfp_autobatch.operators import single_example
+from tfp_autobatch.passes import inline
 
 _MAX_SWEEPS = 100
 
@@ -276,10 +277,51 @@ def abstract_eval(op, in_types, out_types=None):
     return declared
   targets = tuple(types_lib.hashable(_strong_only(t)) for t in out_types)
   if key + targets not in cache:
-    found, numbers_met = _trace_types(op, in_types, out_types)
+    found, numbers_met, sources = _trace_types(op, in_types, out_types)
     cache[key + targets if numbers_met else key] = found
+    if not op.batched and not numbers_met:
+      _MOVED_INPUTS.setdefault(op.code, {})[key[1]] = sources
     return found
   return cache[key + targets]
+
+
+# Code -> {input types: `_moved_inputs` of its trace on them}; weak, as
+# `_EVAL_CACHE`.
+_MOVED_INPUTS = weakref.WeakKeyDictionary()
+
+
+def moved_inputs(op, in_types):
+  """Where a primitive's code, on one example's inputs of `in_types`, only
+  moves its inputs into its outputs (copies, renamings, a tuple's fields:
+  much of what inlining and the frontend leave between the computing
+  code): per output, the positions among its flattened inputs of that
+  output's flattened leaves, which then hold for a batch as well. None
+  where the code computes anything (a constant too), has rewritten
+  subscripts, or was not traced on these types. (Inlining's copies,
+  made after type inference, move their inputs in order.)"""
+  if op.batched or op.code.subscripts:
+    return None
+  if op.code is inline.COPY:
+    ends = list(itertools.accumulate(
+        len(tf.nest.flatten(t)) for t in in_types))
+    return tuple(tuple(range(end - len(tf.nest.flatten(t)), end))
+                 for t, end in zip(in_types, ends))
+  found = _MOVED_INPUTS.get(op.code, {})
+  return found.get(types_lib.hashable(tuple(in_types)))
+
+
+def _moved_inputs(args, outs):
+  """`moved_inputs` of code traced on `args` that returned `outs`: each
+  output leaf must be an input tensor itself."""
+  position = {id(x): i for i, x in enumerate(tf.nest.flatten(args))
+              if tf.is_tensor(x)}
+  sources = []
+  for out in outs:
+    leaves = [position.get(id(v)) for v in tf.nest.flatten(out)]
+    if any(i is None for i in leaves):
+      return None
+    sources.append(tuple(leaves))
+  return tuple(sources)
 
 
 def _declared_types(op, in_types):
@@ -316,8 +358,9 @@ def _strong_only(var_type):
 
 
 def _trace_types(op, in_types, out_types):
-  """`(output types, whether the code assigned a Python number)`; traces
-  the code (`single_example.trace_in_scratch_graph`)."""
+  """`(output types, whether the code assigned a Python number, where it
+  only moves its inputs: `_moved_inputs`)`; traces the code
+  (`single_example.trace_in_scratch_graph`)."""
   found = []
 
   def trace(*args):
@@ -326,7 +369,8 @@ def _trace_types(op, in_types, out_types):
     if op.batched:
       _check_keeps_the_batch(op, outs)
     found.append(([types_lib.type_of_value(v, batched=op.batched)
-                   for v in outs], assigned.numbers_met))
+                   for v in outs], assigned.numbers_met,
+                  _moved_inputs(args, outs)))
 
   for literal in _LITERAL_VALUES:
     args = [tf.nest.map_structure(

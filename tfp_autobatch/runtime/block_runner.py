@@ -28,6 +28,7 @@ from tfp_autobatch.operators import subscripts
 from tfp_autobatch.ir import ir2
 from tfp_autobatch.ir import types as types_lib
 from tfp_autobatch.analysis import liveness
+from tfp_autobatch.passes import infer_types
 from tfp_autobatch.runtime import _tf_private
 from tfp_autobatch.runtime import batch_state
 from tfp_autobatch.runtime import batched_primitive_calls
@@ -329,6 +330,9 @@ class BlockExecution:
     those rows get a guarded member's inputs, and nothing runs when no
     member is guarded in."""
     ins = [self.read(v) for v in op.ins]
+    moved = self.moved(op, ins)
+    if moved is not None:
+      return moved
     kernel = self.kernel_of(op)
     z = self.z
     if guard is None or self.harmless:
@@ -341,6 +345,26 @@ class BlockExecution:
     if self.mode == "eager":
       return compute() if bool(tf.reduce_any(runs)) else self.zeros(op)
     return tf.cond(tf.reduce_any(runs), compute, lambda: self.zeros(op))
+
+  def moved(self, op, ins):
+    """The values of a primitive whose code only moves its inputs
+    (`infer_types.moved_inputs`: a copy, a renaming, a tuple's fields),
+    which are then its batched inputs themselves, on every row (moving
+    raises on none): no kernel is traced, vectorised or called. None for
+    any other primitive."""
+    types = self.program.types
+    sources = infer_types.moved_inputs(op, [types[v] for v in op.ins])
+    if sources is None:
+      return None
+    leaves = tf.nest.flatten(ins)
+    values = []
+    for v, positions in zip(op.outs, sources):
+      out = [leaves[i] for i in positions]
+      if not all(tf.is_tensor(x) and x.dtype == t.dtype
+                 for x, t in zip(out, tf.nest.flatten(types[v]))):
+        return None
+      values.append(tf.nest.pack_sequence_as(types[v], out))
+    return values
 
   def push(self, v, guard):
     """Saves `v`'s value on its stack for the guard's members; with a
