@@ -4,7 +4,6 @@ import collections
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfp_autobatch as tab
 from tfp_autobatch.ir import ir2
@@ -92,33 +91,3 @@ def test_code_that_only_moves_values_is_not_vectorised(backend,
   moving = {"copy", "total = _t0", "_result = total"}
   assert moving <= sources   # else no test
   assert vectorised and not moving & set(vectorised)
-
-
-@tab.batch
-def bumped_in_place(x, n):
-  """`bumped_repeatedly` again, for kernels of its own."""
-  total = _halve_and_bump(x)
-  while n > 0:
-    total = total + _halve_and_bump(total)
-    n = n - 1
-  return total
-
-
-def test_code_one_block_runs_is_traced_in_place_under_xla(monkeypatch):
-  """Under pc:xla a primitive that one op runs is traced into its block
-  (no `tf.function` of its own); code that several blocks run keeps one
-  kernel, shared."""
-  kernels = {}
-  original = vectorize.KernelCache.get
-  def recording(self, op, *args, **kwargs):
-    kernel = original(self, op, *args, **kwargs)
-    kernels.setdefault(op.code.source, set()).add(
-        isinstance(kernel, tf.types.experimental.PolymorphicFunction))
-    return kernel
-  monkeypatch.setattr(vectorize.KernelCache, "get", recording)
-  x, n = np.array([1., 4., 2.], np.float32), np.array([0, 3, 1], np.int32)
-  got = bumped_in_place(x, n, backend="pc:xla")
-  np.testing.assert_allclose(got, _bumped_repeatedly_by_hand(x, n),
-                             rtol=1e-6)
-  assert kernels["total = total + _t5; n = n - 1"] == {False}
-  assert kernels["_result = x * 0.5 + 1.0"] == {True}

@@ -19,7 +19,6 @@ members only: a junk row's index out of range is no error. A
 (`batched_primitive_calls`). Temporaries live only in the block's local
 environment; a value that is dead after the block is not written back.
 """
-import collections
 import functools
 
 import tensorflow as tf
@@ -122,14 +121,6 @@ class BlockRunner:
         op.code for b in program.blocks for op in map(ir2.unguarded, b.ops)
         if isinstance(op, ir2.Primitive))
     self._harmless = {}   # block label -> `junk_is_harmless`
-    # Under XLA, the code of a primitive that one op of the program runs
-    # is traced into its block (`vectorize.KernelCache.get`'s `in_place`):
-    # a kernel of its own pays off only where several blocks call it.
-    uses = collections.Counter(
-        op.code for b in program.blocks for op in map(ir2.unguarded, b.ops)
-        if isinstance(op, ir2.Primitive) and not op.batched)
-    self.traced_in_place = frozenset(
-        code for code, n in uses.items() if n == 1 and mode == "xla")
     if program.cached_top:
       for block in program.blocks:
         _check_hoistable(block)
@@ -290,8 +281,7 @@ class BlockExecution:
     return self.runner.kernels.get(
         op, [p.types[v] for v in op.ins], [p.types[v] for v in op.outs],
         batch_size=rows if isinstance(rows, int) else None,
-        move_into=move_into,
-        in_place=op.code in self.runner.traced_in_place)
+        move_into=move_into)
 
   def zeros(self, op):
     """Outputs where nothing was computed: zeros, which no member reads

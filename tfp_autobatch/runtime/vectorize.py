@@ -5,10 +5,7 @@ one example, is traced through pfor (`tf.vectorized_map`'s machinery) inside a
 cached `tf.function` whose batch dimension is unknown (static under
 `pc:xla`, which then reads each row without a gather), optionally compiled
 with XLA. A primitive that several blocks run (inlined or tail-duplicated
-code) is traced once and called from each; under `pc:xla` one that a
-single op runs is traced into its block instead (`KernelCache.get`'s
-`in_place`), which spares the trace a function's signature, placeholders
-and call. A `batched=True` primitive already
+code) is traced once and called from each. A `batched=True` primitive already
 maps over the batch and is called as is. A primitive whose code has
 rewritten subscripts returns one more output: each row's fault record
 (`subscripts`), the runtime's to act on. Under XLA a batched primitive
@@ -374,21 +371,15 @@ class KernelCache:
     self.inside_xla = inside_xla
     self._kernels = {}
 
-  def get(self, op, in_types, out_types, batch_size=None, move_into=None,
-          in_place=False):
+  def get(self, op, in_types, out_types, batch_size=None, move_into=None):
     """The kernel of `op` for inputs of `in_types`, on batches of
     `batch_size` rows (None: any number, known only when it runs).
     `move_into`: for a batched primitive, the graph its work on fixed
-    matrices moves into (`constant_work.target()`), or None. `in_place`:
-    a primitive (not a batched one) that one block alone runs, in a
-    graph: its kernel is traced into the caller's graph, no
-    `tf.function` of its own (whose signature, placeholders, outputs and
-    call cost the trace and XLA's lowering ops and would be shared by no
-    other caller)."""
+    matrices moves into (`constant_work.target()`), or None."""
     # (A kernel traced for XLA, also the user's `jit_compile` around
     # pc:graph, vectorises conditionals differently: `pfor_conditions`.)
     compiled_by_xla = self.inside_xla or _tf_private.in_xla_context()
-    if _FOR_REVERSE_VM.get() or (in_place and not op.batched):
+    if _FOR_REVERSE_VM.get():
       return batched_fn(op, out_types, self.inside_xla, compiled_by_xla)
     # Under XLA a batched primitive (the user's model) reads its small
     # eager tensors as constants (`_tf_private.eager_captures_as_constants`),
