@@ -37,10 +37,9 @@ def _bumped_repeatedly_by_hand(x, n):
   return expected
 
 
-@pytest.mark.parametrize("backend", ["pc:eager", "pc:graph", "pc:xla"])
-def test_code_run_by_several_blocks_is_vectorised_once(backend, monkeypatch):
-  """Inlined at two call sites, the helper's code runs in two blocks; pfor
-  traces it once (each vectorisation costs the first call time)."""
+def _run_recording_vectorised(fn, backend, monkeypatch):
+  """The code `vectorize.vectorized_map` vectorises, in order, while `fn`
+  (a `bumped_repeatedly`) runs on `backend`, checking its results."""
   vectorised = []
   original = vectorize.vectorized_map
   def counting(per_example, batched_args, code):
@@ -48,9 +47,18 @@ def test_code_run_by_several_blocks_is_vectorised_once(backend, monkeypatch):
     return original(per_example, batched_args, code)
   monkeypatch.setattr(vectorize, "vectorized_map", counting)
   x, n = np.array([1., 4., 2.], np.float32), np.array([0, 3, 1], np.int32)
-  got = bumped_repeatedly(x, n, backend=backend)
+  got = fn(x, n, backend=backend)
   np.testing.assert_allclose(got, _bumped_repeatedly_by_hand(x, n),
                              rtol=1e-6)
+  return vectorised
+
+
+@pytest.mark.parametrize("backend", ["pc:eager", "pc:graph", "pc:xla"])
+def test_code_run_by_several_blocks_is_vectorised_once(backend, monkeypatch):
+  """Inlined at two call sites, the helper's code runs in two blocks; pfor
+  traces it once (each vectorisation costs the first call time)."""
+  vectorised = _run_recording_vectorised(bumped_repeatedly, backend,
+                                         monkeypatch)
   blocks_per_code = collections.Counter(
       ir2.unguarded(op).code for b in bumped_repeatedly.ir(level=2).blocks
       for op in set(b.ops) if isinstance(ir2.unguarded(op), ir2.Primitive))
@@ -75,19 +83,11 @@ def test_code_that_only_moves_values_is_not_vectorised(backend,
   """Inlining's copies and code that only renames (`total = _t0`,
   `_result = total`) pass their batched inputs on: no kernel is traced
   for them, and the results are those of the code that computes."""
-  vectorised = []
-  original = vectorize.vectorized_map
-  def counting(per_example, batched_args, code):
-    vectorised.append(code.source)
-    return original(per_example, batched_args, code)
-  monkeypatch.setattr(vectorize, "vectorized_map", counting)
-  x, n = np.array([1., 4., 2.], np.float32), np.array([0, 3, 1], np.int32)
-  got = bumped_and_moved(x, n, backend=backend)
-  np.testing.assert_allclose(got, _bumped_repeatedly_by_hand(x, n),
-                             rtol=1e-6)
+  vectorised = {code.source for code in _run_recording_vectorised(
+      bumped_and_moved, backend, monkeypatch)}
   sources = {ir2.unguarded(op).code.source
              for b in bumped_and_moved.ir(level=2).blocks for op in b.ops
              if isinstance(ir2.unguarded(op), ir2.Primitive)}
   moving = {"copy", "total = _t0", "_result = total"}
   assert moving <= sources   # else no test
-  assert vectorised and not moving & set(vectorised)
+  assert vectorised and not moving & vectorised
