@@ -302,10 +302,9 @@ def moved_inputs(op, in_types):
   if op.batched or op.code.subscripts:
     return None
   if op.code is inline.COPY:
-    ends = list(itertools.accumulate(
-        len(tf.nest.flatten(t)) for t in in_types))
-    return tuple(tuple(range(end - len(tf.nest.flatten(t)), end))
-                 for t, end in zip(in_types, ends))
+    sizes = [len(tf.nest.flatten(t)) for t in in_types]
+    return tuple(tuple(range(end - size, end)) for size, end in
+                 zip(sizes, itertools.accumulate(sizes)))
   found = _MOVED_INPUTS.get(op.code, {})
   return found.get(types_lib.hashable(tuple(in_types)))
 
